@@ -1,0 +1,163 @@
+// Run configuration of an EDiT worker: one YAML file (the same one the operator puts in
+// the job's ConfigMap), plus overrides from the environment or the command line.
+// Plain data, no LibTorch: the parser is cheap to compile and to fuzz.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace edit {
+
+// Thrown for every bad configuration; the message names the key and the allowed values.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  std::string preset = "tiny";  // tiny | small | llama-350m | llama-1b | llama-3b | llama-7b | custom
+  int64_t vocabSize = 256;      // byte-level tokenizer by default
+  int64_t dim = 128;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t ffnDim = 352;
+  double ropeTheta = 10000.0;
+  double normEps = 1e-5;
+  double initStd = 0.02;
+};
+
+struct DataConfig {
+  std::string train = "data/brown/train.bin";  // llm.c or nanoGPT token file
+  std::string val = "data/brown/val.bin";      // empty: no validation
+  int64_t seqLen = 128;
+  int64_t batchSize = 8;     // sequences per rank per step
+  int64_t valBatches = 8;    // batches per validation pass
+  int64_t valEvery = 0;      // steps between validation passes (0: only at the end)
+};
+
+struct TrainingConfig {
+  int64_t steps = 200;       // steps per replica (EDiT); A-EDiT: the job's budget is replicas * steps
+  int64_t tokens = 0;        // alternative budget: total tokens over all ranks (0: use steps)
+  uint64_t seed = 1234;
+  double lr = 3e-3;          // inner AdamW peak learning rate
+  double minLr = 3e-4;       // cosine decays to this
+  int64_t lrWarmupSteps = 20;
+  double weightDecay = 0.1;  // decoupled, matrices only
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double gradClip = 1.0;     // global gradient-norm clip of the inner step (0: off)
+  int64_t logEvery = 10;
+};
+
+struct PenaltyConfig {
+  bool anomaly = true;        // EWMA z-score anomaly elimination
+  double emaAlpha = 0.02;
+  double zThreshold = 3.0;
+  int64_t anomalyWarmup = 120;  // EWMA updates before the z-test is trusted
+  bool weighted = true;       // softmax(-g/T) weights over replicas
+  double temperature = 1.0;
+  bool clip = true;           // clip the averaged pseudo-gradient
+  double clipNorm = 10.0;
+  double stepShare = 0.5;     // A-EDiT: blend of the replicas' share of steps into the weights
+};
+
+struct OuterOptimizerConfig {
+  double lr = 0.7;
+  double momentum = 0.8;
+  bool nesterov = true;
+};
+
+struct AlgorithmConfig {
+  std::string mode = "edit";  // edit | a-edit | diloco | localsgd | ddp
+  int64_t syncInterval = 16;  // tau: local steps between synchronizations
+  double syncSeconds = 0;     // A-EDiT: wall time between synchronizations (required for a-edit)
+  int64_t minStepsPerSync = 1;  // A-EDiT: skip a sync with fewer local steps than this
+  int64_t maxStepsPerSync = 0;  // A-EDiT: force a sync after this many local steps (0: no cap)
+  int64_t warmupSteps = 20;   // synchronous (ddp) steps before local training starts
+  OuterOptimizerConfig outer;
+  PenaltyConfig penalty;
+  bool prefetch = true;       // overlap unit l+1's sync/all-gather with unit l's compute
+  bool offloadOuterState = false;  // keep outer weights + momentum in host memory (GPU only)
+};
+
+struct CheckpointConfig {
+  std::string dir = "";       // empty: no checkpoints
+  int64_t everySteps = 0;     // 0: only on SIGTERM / at the end
+  int64_t keep = 2;           // newest complete checkpoints kept
+  bool resume = true;         // resume from the newest complete checkpoint in dir
+};
+
+struct MetricsConfig {
+  std::string host = "127.0.0.1";
+  int port = -1;              // -1: no /metrics; 0: any free port
+};
+
+struct TelemetryConfig {
+  std::string addr = "";      // operator gRPC endpoint host:port (env EDIT_TELEMETRY_ADDR)
+  std::string token = "";     // per-job token (env EDIT_TELEMETRY_TOKEN); never logged
+  int64_t everySteps = 1;
+};
+
+struct StepDelay {
+  int rank = -1;              // rank to slow down (-1: none)
+  double seconds = 0;         // extra seconds per step
+  bool random = false;        // a random rank each step (chosen from the seed and step)
+};
+
+struct CorruptReplica {
+  int replica = -1;           // replica whose weights get noise (-1: none)
+  int64_t atSync = 1;         // before this sync round (1-based)
+  double scale = 10.0;        // noise standard deviation, relative to the weights' RMS
+  bool nan = false;           // write a NaN instead of noise
+};
+
+struct DebugConfig {
+  StepDelay injectStepDelay;
+  CorruptReplica corruptReplica;
+};
+
+struct RuntimeConfig {
+  int threads = 0;            // intra-op threads (0: cores / local workers)
+  double collectiveTimeoutSeconds = 300;
+  std::string backend = "auto";  // auto | gloo | nccl
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainingConfig training;
+  AlgorithmConfig algorithm;
+  CheckpointConfig checkpoint;
+  MetricsConfig metrics;
+  TelemetryConfig telemetry;
+  DebugConfig debug;
+  RuntimeConfig runtime;
+};
+
+// Parses YAML text. Unknown keys, wrong types and out-of-range values throw ConfigError
+// naming the key path (e.g. "algorithm.penalty.zThreshold") and the allowed range.
+// A model preset fills the model sizes; explicit sizes next to a preset override it.
+Config parseConfig(const std::string& yamlText);
+Config loadConfigFile(const std::string& path);
+
+// Applies "a.b.c=value" overrides (command line --set, or EDIT_SET="k=v;k=v"), with the
+// same validation as the file.
+void applyOverrides(Config& cfg, const std::vector<std::string>& assignments);
+
+// Reads EDIT_SET and the single-purpose variables (EDIT_TELEMETRY_ADDR,
+// EDIT_TELEMETRY_TOKEN, EDIT_CHECKPOINT_DIR, EDIT_METRICS_PORT) from the environment.
+void applyEnvironment(Config& cfg);
+
+// Cross-field checks (e.g. a-edit needs syncSeconds > 0; heads divide dim).
+void validate(const Config& cfg);
+
+// The configuration back as YAML (for logs, checkpoints and the operator's ConfigMap).
+std::string toYaml(const Config& cfg);
+
+// Fills model sizes from a preset name; throws ConfigError for an unknown one.
+void applyModelPreset(ModelConfig& m, const std::string& preset);
+
+}  // namespace edit

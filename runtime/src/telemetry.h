@@ -1,0 +1,56 @@
+// Worker-side observability: the Prometheus /metrics endpoint of one worker and the gRPC
+// stream of reports to the operator. Both are fed the same StepReport after each step.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "config.h"
+#include "report.h"
+
+namespace edit {
+
+// Serves /metrics with the worker metrics of DESIGN.md:
+//   edit_train_step_seconds (histogram), edit_train_loss, edit_train_tokens_total,
+//   edit_sync_rounds_total, edit_sync_seconds (histogram), edit_comm_bytes_total{op,group},
+//   edit_comm_wait_seconds_total{group}, edit_pseudo_grad_norm,
+//   edit_pseudo_grad_anomalies_total
+// with constant labels job, rank, replica, shard.
+class WorkerMetrics {
+ public:
+  // port 0 picks a free port; port() tells which.
+  WorkerMetrics(const std::string& host, int port, const std::string& job, int rank,
+                int replica, int shard);
+  ~WorkerMetrics();
+  void update(const StepReport& r);
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Commands the operator can send back.
+enum class OperatorCommand { None, Checkpoint, Stop };
+
+// Streams reports to the operator (proto/edit/v1alpha1/telemetry.proto). Never blocks the
+// training thread: send() queues the newest report and a background thread delivers it,
+// reconnecting with backoff; a report overwritten before it was sent is dropped (the
+// counters are cumulative). The token is never logged.
+class TelemetryClient {
+ public:
+  TelemetryClient(const std::string& addr, const std::string& token, const std::string& ns,
+                  const std::string& job, const std::string& pod, const std::string& node);
+  ~TelemetryClient();
+  void send(const StepReport& r);
+  // The newest command received and not yet taken (None if none).
+  OperatorCommand takeCommand();
+  bool connected() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace edit

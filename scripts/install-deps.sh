@@ -14,10 +14,10 @@ mode=${1:-all}
 runtime_pkgs=(libtorch1.13 libopenblas0-pthread libyaml-cpp0.7 libprometheus-cpp-core1.0
   libprometheus-cpp-pull1.0 libgrpc++1.51 libprotobuf32 libcpprest2.10)
 build_pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
-  libtorch-dev libopenblas0-pthread libyaml-cpp-dev prometheus-cpp-dev
+  libtorch-dev libgloo-dev libopenblas0-pthread libyaml-cpp-dev prometheus-cpp-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libcpprest-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus gnuplot-nox iproute2 unzip curl python3 clang libclang-rt-14-dev)
+  prometheus gnuplot-nox iproute2 unzip curl python3 python3-yaml clang libclang-rt-14-dev)
 
 sudo_() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 

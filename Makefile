@@ -1,0 +1,32 @@
+# The two commands of the README:
+#   make quickstart   install deps, build, fetch the Brown corpus, train `tiny` with EDiT on 4 local workers
+#   make test         install deps, build everything, run every test (ctest)
+BUILD ?= build
+JOBS  ?= 2
+CMAKE_FLAGS ?=
+
+.PHONY: deps configure build data quickstart test test-unit clean
+
+deps:
+	scripts/install-deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+data: build
+	EDIT_DATA_BIN=$(BUILD)/runtime/edit-data scripts/prepare-data.sh
+
+quickstart: data
+	$(BUILD)/runtime/edit-run --nproc 4 --config examples/local/tiny.yaml
+
+test: build data
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,241 @@
+#include "comm.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace edit {
+
+double nowSeconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+static std::string env(const char* k, const char* dflt = nullptr) {
+  const char* v = std::getenv(k);
+  if (v && *v) return v;
+  if (dflt) return dflt;
+  throw std::runtime_error(std::string("environment variable ") + k +
+                           " is not set (edit-run and the operator set it)");
+}
+
+static int envInt(const char* k, const char* dflt = nullptr) {
+  auto s = env(k, dflt);
+  try {
+    size_t pos = 0;
+    int v = std::stoi(s, &pos);
+    if (pos != s.size()) throw std::invalid_argument(s);
+    return v;
+  } catch (const std::exception&) {
+    throw std::runtime_error(std::string("environment variable ") + k +
+                             " must be an integer (got \"" + s + "\")");
+  }
+}
+
+MeshSpec MeshSpec::fromEnvironment() {
+  MeshSpec m;
+  m.rank = envInt("RANK", "0");
+  m.world = envInt("WORLD_SIZE", "1");
+  m.masterAddr = env("MASTER_ADDR", "127.0.0.1");
+  m.masterPort = envInt("MASTER_PORT", "29500");
+  m.shards = envInt("EDIT_SHARDS", "1");
+  m.replicas = envInt("EDIT_REPLICAS", std::to_string(m.world / std::max(1, m.shards)).c_str());
+  const char* bind = std::getenv("EDIT_BIND_ADDR");
+  if (!bind || !*bind) bind = std::getenv("POD_IP");
+  m.bindAddr = bind ? bind : "";
+  m.storePrefix = "gen" + env("EDIT_RESTART_GENERATION", "0") + "/";
+  if (m.world < 1) throw std::runtime_error("WORLD_SIZE must be >= 1");
+  if (m.rank < 0 || m.rank >= m.world)
+    throw std::runtime_error("RANK must be in [0, WORLD_SIZE) (got " + std::to_string(m.rank) + ")");
+  if (m.shards < 1 || m.replicas < 1 || m.replicas * m.shards != m.world)
+    throw std::runtime_error("EDIT_REPLICAS x EDIT_SHARDS must equal WORLD_SIZE (got " +
+                             std::to_string(m.replicas) + " x " + std::to_string(m.shards) +
+                             " != " + std::to_string(m.world) + ")");
+  if (m.masterPort <= 0 || m.masterPort > 65535)
+    throw std::runtime_error("MASTER_PORT must be in [1, 65535]");
+  return m;
+}
+
+const char* groupName(Group g) {
+  switch (g) {
+    case Group::Shard: return "shard";
+    case Group::Sync: return "sync";
+    default: return "world";
+  }
+}
+
+Comm::Comm(const MeshSpec& spec) : spec_(spec) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeoutSeconds * 1000));
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(spec.masterPort);
+  opts.isServer = spec.rank == 0;
+  opts.numWorkers = spec.world;
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  auto tcp = c10::make_intrusive<c10d::TCPStore>(spec.masterAddr, opts);
+  store_ = c10::make_intrusive<c10d::PrefixStore>(spec.storePrefix, tcp);
+
+  auto device = spec.bindAddr.empty()
+                    ? c10d::ProcessGroupGloo::createDefaultDevice()
+                    : c10d::ProcessGroupGloo::createDeviceForHostname(spec.bindAddr);
+  auto make = [&](const std::string& name, int rank, int size) -> c10::intrusive_ptr<c10d::ProcessGroup> {
+    if (size <= 1) return {};
+    auto o = c10d::ProcessGroupGloo::Options::create();
+    o->timeout = timeout;
+    o->devices.push_back(device);
+    auto ps = c10::make_intrusive<c10d::PrefixStore>(name, store_);
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(ps, rank, size, o);
+  };
+  world_ = make("world/", spec.rank, spec.world);
+  shard_ = make("shard" + std::to_string(replica()) + "/", shard(), spec.shards);
+  sync_ = make("sync" + std::to_string(shard()) + "/", replica(), spec.replicas);
+}
+
+Comm::~Comm() = default;
+
+int Comm::size(Group g) const {
+  switch (g) {
+    case Group::Shard: return spec_.shards;
+    case Group::Sync: return spec_.replicas;
+    default: return spec_.world;
+  }
+}
+
+int Comm::rankIn(Group g) const {
+  switch (g) {
+    case Group::Shard: return shard();
+    case Group::Sync: return replica();
+    default: return spec_.rank;
+  }
+}
+
+c10d::ProcessGroup* Comm::pg(Group g) const {
+  switch (g) {
+    case Group::Shard: return shard_.get();
+    case Group::Sync: return sync_.get();
+    default: return world_.get();
+  }
+}
+
+void Comm::count(Group g, const std::string& op, uint64_t bytes, double waitSeconds) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& c = counts_[{op, groupName(g)}];
+  c.bytes += bytes;
+  c.waitSeconds += waitSeconds;
+  c.calls += 1;
+}
+
+void Comm::addWait(Group g, const std::string& op, double seconds) {
+  std::lock_guard<std::mutex> lk(mu_);
+  counts_[{op, groupName(g)}].waitSeconds += seconds;
+}
+
+CommCounts Comm::counters() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return counts_;
+}
+
+void Comm::allreduce(Group g, torch::Tensor& t, c10d::ReduceOp op) {
+  auto* p = pg(g);
+  if (!p) return;
+  const int n = size(g);
+  std::vector<torch::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = op;
+  p->allreduce(v, o)->wait();
+  count(g, "allreduce", static_cast<uint64_t>(2.0 * (n - 1) / n * t.nbytes()), 0);
+}
+
+void Comm::allgather(Group g, const torch::Tensor& in, std::vector<torch::Tensor>& out) {
+  auto* p = pg(g);
+  if (!p) {
+    if (out[0].data_ptr() != in.data_ptr()) out[0].copy_(in);
+    return;
+  }
+  std::vector<std::vector<torch::Tensor>> outs{out};
+  std::vector<torch::Tensor> ins{in};
+  p->allgather(outs, ins)->wait();
+  count(g, "allgather", static_cast<uint64_t>(size(g) - 1) * in.nbytes(), 0);
+}
+
+void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
+  auto* p = pg(g);
+  if (!p) return;
+  const int n = size(g), me = rankIn(g);
+  const int64_t chunk = full.numel() / n;
+  auto part = [&](int i) { return full.narrow(0, ((i % n) + n) % n * chunk, chunk); };
+  auto tmp = torch::empty({chunk}, full.options());
+  const int next = (me + 1) % n, prev = (me - 1 + n) % n;
+  // Ring: at step k send the running sum of chunk (me-k-1) to the next rank and add the
+  // previous rank's running sum of chunk (me-k-2); after n-1 steps chunk `me` is complete.
+  for (int k = 0; k < n - 1; ++k) {
+    std::vector<torch::Tensor> s{part(me - k - 1)}, r{tmp};
+    const int tag = (tag_++) & 0xffff;
+    auto sw = p->send(s, next, tag);
+    auto rw = p->recv(r, prev, tag);
+    rw->wait();
+    sw->wait();
+    part(me - k - 2).add_(tmp);
+  }
+  count(g, "reduce_scatter", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
+}
+
+void Comm::barrier(Group g) {
+  auto* p = pg(g);
+  if (!p) return;
+  auto t = torch::zeros({1});
+  std::vector<torch::Tensor> v{t};
+  p->allreduce(v)->wait();
+  count(g, "barrier", 0, 0);
+}
+
+CommStream::CommStream(Comm& comm) : comm_(comm), thread_([this] { loop(); }) {}
+
+CommStream::~CommStream() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::shared_future<void> CommStream::enqueue(std::function<void()> task) {
+  std::packaged_task<void()> pt(std::move(task));
+  auto f = pt.get_future().share();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.push_back(std::move(pt));
+  }
+  cv_.notify_one();
+  return f;
+}
+
+void CommStream::wait(const std::shared_future<void>& f, Group g, const std::string& op) {
+  const double t0 = nowSeconds();
+  f.wait();
+  comm_.addWait(g, op, nowSeconds() - t0);
+  f.get();  // rethrows the task's exception
+}
+
+void CommStream::loop() {
+  // Communication never records autograd history.
+  torch::NoGradGuard guard;
+  for (;;) {
+    std::packaged_task<void()> task;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+}  // namespace edit

@@ -1,0 +1,109 @@
+// The 2D device mesh and its collectives.
+//
+// World W = M x N. Rank r is in replica m = r / N and holds shard s = r % N.
+//   shard group: the N ranks of one replica (ZeRO-3: all-gather, reduce-scatter every step)
+//   sync group:  the M ranks with the same shard index (EDiT synchronization)
+// Groups of size 1 are absent (nullptr) and every collective on them is a no-op.
+//
+// All collectives go through Comm, which counts bytes sent and time the caller was
+// blocked, per (op, group). Bytes are those of a bandwidth-optimal ring algorithm for the
+// op (what NCCL/Gloo's ring sends): allgather (n-1)*chunk, reduce-scatter (n-1)/n*S,
+// allreduce 2(n-1)/n*S.
+#pragma once
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "report.h"
+
+namespace edit {
+
+struct MeshSpec {
+  int rank = 0, world = 1, replicas = 1, shards = 1;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+  std::string bindAddr;          // interface address for Gloo ("" = resolve hostname)
+  double timeoutSeconds = 300;
+  std::string storePrefix;       // distinguishes rendezvous generations
+  // From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, EDIT_REPLICAS, EDIT_SHARDS,
+  // EDIT_BIND_ADDR / POD_IP, EDIT_RESTART_GENERATION. Throws with the variable named.
+  static MeshSpec fromEnvironment();
+};
+
+enum class Group { Shard, Sync, World };
+const char* groupName(Group g);
+
+class Comm {
+ public:
+  explicit Comm(const MeshSpec& spec);
+  ~Comm();
+
+  int rank() const { return spec_.rank; }
+  int world() const { return spec_.world; }
+  int replicas() const { return spec_.replicas; }
+  int shards() const { return spec_.shards; }
+  int replica() const { return spec_.rank / spec_.shards; }
+  int shard() const { return spec_.rank % spec_.shards; }
+  int size(Group g) const;
+  int rankIn(Group g) const;
+
+  // Blocking collectives (on the calling thread). In-place on `t` where it applies.
+  void allreduce(Group g, torch::Tensor& t, c10d::ReduceOp op = c10d::ReduceOp::SUM);
+  // out[i] receives rank i's `in`; `in` and each out[i] have the same size.
+  void allgather(Group g, const torch::Tensor& in, std::vector<torch::Tensor>& out);
+  // full: [n * chunk] contributions of this rank; on return chunk `rankIn(g)` of `full`
+  // holds the sum over the group (other chunks are clobbered). Gloo 1.13 has no
+  // reduce_scatter: this is a ring of send/recv, which sends the optimal (n-1)/n bytes.
+  void reduceScatterSum(Group g, torch::Tensor& full);
+  void barrier(Group g);
+
+  // Counters (thread-safe). wait time is recorded by the waiter, see CommStream.
+  void addWait(Group g, const std::string& op, double seconds);
+  CommCounts counters() const;
+
+ private:
+  c10d::ProcessGroup* pg(Group g) const;
+  void count(Group g, const std::string& op, uint64_t bytes, double waitSeconds);
+
+  MeshSpec spec_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> world_, shard_, sync_;
+  mutable std::mutex mu_;
+  CommCounts counts_;
+  int tag_ = 0;
+};
+
+// A FIFO of communication tasks run by one background thread: the CPU analogue of a
+// CUDA communication stream. Every rank enqueues the same tasks in the same order, so
+// collectives match across ranks while the training thread computes. Waiting on a
+// task's future records the blocked time against (group, op).
+class CommStream {
+ public:
+  explicit CommStream(Comm& comm);
+  ~CommStream();
+  std::shared_future<void> enqueue(std::function<void()> task);
+  // Blocks until the task is done; rethrows its exception; counts the wait.
+  void wait(const std::shared_future<void>& f, Group g, const std::string& op);
+
+ private:
+  void loop();
+  Comm& comm_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+double nowSeconds();  // monotonic
+
+}  // namespace edit

@@ -1,0 +1,174 @@
+// edit-train: one EDiT worker. Reads its rank and the rendezvous from the environment
+// (set by edit-run locally, by the operator in a pod), trains, and exits with a code the
+// launcher and the operator understand (see ExitCode in trainer.h).
+//
+// stdout carries machine-readable lines for edit-run:  "@edit {json}" every logEvery
+// steps and "@edit-summary {json}" at the end. Human-readable logs go to stderr.
+#include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "checkpoint.h"
+#include "config.h"
+#include "data.h"
+#include "telemetry.h"
+#include "trainer.h"
+
+using namespace edit;
+using nlohmann::json;
+
+namespace {
+
+void onTerminate(int) { gTerminateRequested = true; }
+
+std::string envOr(const char* k, const std::string& d) {
+  const char* v = std::getenv(k);
+  return v && *v ? v : d;
+}
+
+void usage() {
+  std::cerr << "usage: edit-train [--config FILE] [--set key=value]... [--print-config]\n"
+               "  The configuration comes from --config, else $EDIT_CONFIG_FILE, else the YAML\n"
+               "  text in $EDIT_CONFIG (what the operator sets), else the built-in defaults.\n"
+               "  Rank and rendezvous: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
+               "  EDIT_REPLICAS, EDIT_SHARDS.\n";
+}
+
+Config loadConfig(int argc, char** argv, bool& printOnly) {
+  std::string file = envOr("EDIT_CONFIG_FILE", "");
+  std::vector<std::string> sets;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) file = argv[++i];
+    else if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
+    else if (a == "--print-config") printOnly = true;
+    else if (a == "-h" || a == "--help") { usage(); std::exit(0); }
+    else throw ConfigError("unknown argument \"" + a + "\" (see --help)");
+  }
+  Config cfg;
+  if (!file.empty()) cfg = loadConfigFile(file);
+  else if (const char* text = std::getenv("EDIT_CONFIG"); text && *text) cfg = parseConfig(text);
+  applyEnvironment(cfg);
+  applyOverrides(cfg, sets);
+  validate(cfg);
+  return cfg;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config cfg;
+  MeshSpec mesh;
+  bool printOnly = false;
+  try {
+    cfg = loadConfig(argc, argv, printOnly);
+    if (printOnly) {
+      std::cout << toYaml(cfg);
+      return kExitOk;
+    }
+    mesh = MeshSpec::fromEnvironment();
+    mesh.timeoutSeconds = cfg.runtime.collectiveTimeoutSeconds;
+  } catch (const std::exception& e) {
+    std::cerr << "edit-train: invalid configuration: " << e.what() << "\n";
+    return kExitInvalidInput;
+  }
+  std::signal(SIGTERM, onTerminate);
+  std::signal(SIGINT, onTerminate);
+
+  // Intra-op threads: the cores shared by the workers on this machine.
+  int threads = cfg.runtime.threads;
+  if (threads <= 0) {
+    const int local = std::max(1, std::atoi(envOr("EDIT_LOCAL_WORLD_SIZE", "1").c_str()));
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
+  }
+  at::set_num_threads(threads);
+  at::set_num_interop_threads(1);
+
+  const std::string job = envOr("EDIT_JOB", "local");
+  const int replica = mesh.rank / mesh.shards, shard = mesh.rank % mesh.shards;
+  const std::string tag = "[rank " + std::to_string(mesh.rank) + "] ";
+  std::unique_ptr<WorkerMetrics> metrics;
+  std::unique_ptr<TelemetryClient> telemetry;
+  try {
+    if (cfg.metrics.port >= 0) {
+      metrics = std::make_unique<WorkerMetrics>(cfg.metrics.host, cfg.metrics.port, job, mesh.rank,
+                                                replica, shard);
+      std::cerr << tag << "metrics on http://" << cfg.metrics.host << ":" << metrics->port()
+                << "/metrics\n";
+    }
+    if (!cfg.telemetry.addr.empty())
+      telemetry = std::make_unique<TelemetryClient>(
+          cfg.telemetry.addr, cfg.telemetry.token, envOr("EDIT_NAMESPACE", "default"), job,
+          envOr("POD_NAME", envOr("HOSTNAME", "local")), envOr("NODE_NAME", ""));
+  } catch (const std::exception& e) {
+    std::cerr << tag << "cannot start metrics/telemetry: " << e.what() << "\n";
+    return kExitInvalidInput;
+  }
+
+  Trainer* self = nullptr;
+  double lastT = nowSeconds();
+  uint64_t lastTokens = 0;
+  TrainerHooks hooks;
+  hooks.log = [&](const std::string& s) { std::cerr << tag << s << "\n"; };
+  hooks.onStep = [&](const StepReport& r) {
+    if (metrics) metrics->update(r);
+    if (telemetry) {
+      if (r.step % std::max<int64_t>(1, cfg.telemetry.everySteps) == 0 || r.step == r.totalSteps)
+        telemetry->send(r);
+      switch (telemetry->takeCommand()) {
+        case OperatorCommand::Stop: self->requestStop(); break;
+        case OperatorCommand::Checkpoint: self->requestCheckpoint(); break;
+        default: break;
+      }
+    }
+    if (r.step % std::max<int64_t>(1, cfg.training.logEvery) == 0 || r.step == r.totalSteps) {
+      const double now = nowSeconds();
+      json j = {{"rank", r.rank}, {"replica", r.replica}, {"shard", r.shard}, {"step", r.step},
+                {"total", r.totalSteps}, {"loss", r.loss}, {"lr", r.lr}, {"tokens", r.tokens},
+                {"tps", (r.tokens - lastTokens) / std::max(1e-9, now - lastT)},
+                {"sync_rounds", r.syncRounds}, {"anomalies", r.anomalies},
+                {"pgnorm", r.pseudoGradNorm}, {"phase", r.phase},
+                {"comm_wait", r.commWaitSeconds}, {"step_seconds", r.stepSeconds}};
+      std::cout << "@edit " << j.dump() << std::endl;
+      lastT = now;
+      lastTokens = r.tokens;
+    }
+  };
+
+  try {
+    Trainer trainer(cfg, mesh, hooks);
+    self = &trainer;
+    const TrainResult res = trainer.run();
+    double wait = 0;
+    json comm = json::array();
+    for (const auto& [k, c] : res.comm) {
+      wait += c.waitSeconds;
+      comm.push_back({{"op", k.first}, {"group", k.second}, {"bytes", c.bytes},
+                      {"wait", c.waitSeconds}, {"calls", c.calls}});
+    }
+    json s = {{"rank", mesh.rank}, {"replica", replica}, {"shard", shard}, {"steps", res.steps},
+              {"loss", res.finalLoss}, {"val_loss", res.valLoss}, {"tokens", res.tokens},
+              {"seconds", res.seconds}, {"tps", res.tokens / std::max(1e-9, res.seconds)},
+              {"sync_rounds", res.syncRounds}, {"anomalies", res.anomalies},
+              {"comm_wait", wait}, {"resumed_from", res.resumedFrom},
+              {"stopped", res.stopped}, {"comm", comm}};
+    std::cout << "@edit-summary " << s.dump() << std::endl;
+    return res.stopped ? kExitTerminated : kExitOk;
+  } catch (const ConfigError& e) {
+    std::cerr << tag << "invalid configuration: " << e.what() << "\n";
+    return kExitInvalidInput;
+  } catch (const data::DataError& e) {
+    std::cerr << tag << "invalid data: " << e.what() << "\n";
+    return kExitInvalidInput;
+  } catch (const c10::Error& e) {
+    // Collectives fail this way when a peer dies or times out: retryable.
+    std::cerr << tag << "collective failed (peer lost?): " << e.what_without_backtrace() << "\n";
+    return kExitPeerLost;
+  } catch (const std::exception& e) {
+    std::cerr << tag << "error: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}

@@ -1,0 +1,74 @@
+// Llama-style decoder (RMSNorm, RoPE, SwiGLU, causal attention, no biases, untied
+// embeddings) written as plain functions over parameter tensors, so the parameters can
+// live anywhere — here, as views into one flat buffer per unit (see flat_units.h).
+//
+// The model is a chain of units: the embedding, each transformer block, and the final
+// norm + output head. A unit is what ZeRO-3 gathers and what EDiT synchronizes at once.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "config.h"
+
+namespace edit {
+
+struct ModelShape {
+  int64_t vocab, dim, layers, heads, ffn;
+  double ropeTheta, normEps, initStd;
+  int64_t headDim() const { return dim / heads; }
+};
+ModelShape shapeOf(const ModelConfig& m);
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // inside the unit's flat vector
+  int64_t numel = 0;
+  bool decay = false;  // matrices get weight decay, norm gains do not
+  double initStd = 0;  // 0: constant 1 (norm gains)
+};
+
+enum class UnitKind { Embedding, Block, Head };
+
+struct UnitLayout {
+  std::string name;
+  UnitKind kind;
+  std::vector<ParamSpec> params;
+  int64_t numel = 0;
+};
+
+// embed, block.0 .. block.L-1, head — in forward order.
+std::vector<UnitLayout> modelLayout(const ModelShape& s);
+int64_t parameterCount(const ModelShape& s);
+// Forward+backward FLOPs per token (6 x matmul params + attention), for efficiency reports.
+double flopsPerToken(const ModelShape& s, int64_t seqLen);
+
+// Deterministic initial values of unit `index` (independent of sharding and rank).
+torch::Tensor initialUnitValues(const UnitLayout& u, int index, uint64_t seed);
+
+// Views of each parameter inside `flat` (which holds at least u.numel values).
+std::vector<torch::Tensor> parameterViews(const UnitLayout& u, const torch::Tensor& flat);
+
+struct Rope {
+  torch::Tensor cos, sin;  // [seqLen, headDim/2]
+};
+Rope makeRope(const ModelShape& s, int64_t seqLen);
+
+// Per-unit forward functions; p are the unit's parameters in layout order.
+torch::Tensor embedForward(const std::vector<torch::Tensor>& p, const torch::Tensor& tokens);
+torch::Tensor blockForward(const std::vector<torch::Tensor>& p, const torch::Tensor& x,
+                           const Rope& rope, const ModelShape& s);
+// Returns the mean cross-entropy of next-token prediction.
+torch::Tensor headLoss(const std::vector<torch::Tensor>& p, const torch::Tensor& x,
+                       const torch::Tensor& targets, const ModelShape& s);
+
+// Building blocks, exposed for tests against naive implementations.
+torch::Tensor rmsNorm(const torch::Tensor& x, const torch::Tensor& gain, double eps);
+torch::Tensor applyRope(const torch::Tensor& x, const Rope& rope);  // x: [B, T, H, hd]
+torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v);  // [B, H, T, hd]
+
+}  // namespace edit

@@ -1,0 +1,39 @@
+#include "optim.h"
+
+#include <cmath>
+
+namespace edit {
+
+ShardedAdamW::ShardedAdamW(const TrainingConfig& cfg, const std::vector<FlatUnit>& units)
+    : beta1_(cfg.beta1), beta2_(cfg.beta2), eps_(cfg.eps), wd_(cfg.weightDecay) {
+  for (const auto& u : units) {
+    m_.push_back(torch::zeros({u.chunk}));
+    v_.push_back(torch::zeros({u.chunk}));
+  }
+}
+
+void ShardedAdamW::step(std::vector<FlatUnit>& units, double lr) {
+  torch::NoGradGuard ng;
+  ++t_;
+  const double bc1 = 1 - std::pow(beta1_, static_cast<double>(t_));
+  const double bc2 = 1 - std::pow(beta2_, static_cast<double>(t_));
+  for (size_t i = 0; i < units.size(); ++i) {
+    auto& p = units[i].shardView;
+    const auto& g = units[i].gradShard;
+    if (wd_ != 0) p.addcmul_(p, units[i].decayMask, -lr * wd_);
+    m_[i].mul_(beta1_).add_(g, 1 - beta1_);
+    v_[i].mul_(beta2_).addcmul_(g, g, 1 - beta2_);
+    auto denom = (v_[i].sqrt() / std::sqrt(bc2)).add_(eps_);
+    p.addcdiv_(m_[i], denom, -lr / bc1);
+  }
+}
+
+double learningRate(const TrainingConfig& cfg, int64_t t, int64_t totalSteps) {
+  if (cfg.lrWarmupSteps > 0 && t < cfg.lrWarmupSteps)
+    return cfg.lr * static_cast<double>(t + 1) / static_cast<double>(cfg.lrWarmupSteps);
+  const double span = std::max<int64_t>(1, totalSteps - cfg.lrWarmupSteps);
+  const double progress = std::min(1.0, static_cast<double>(t - cfg.lrWarmupSteps) / span);
+  return cfg.minLr + 0.5 * (cfg.lr - cfg.minLr) * (1 + std::cos(M_PI * progress));
+}
+
+}  // namespace edit

@@ -1,0 +1,111 @@
+#include "outer_sync.h"
+
+#include <cmath>
+#include <limits>
+
+namespace edit {
+
+SyncSettings syncSettingsFor(const AlgorithmConfig& a) {
+  SyncSettings s;
+  s.penalty = a.penalty;
+  s.lr = a.outer.lr;
+  s.momentum = a.outer.momentum;
+  s.nesterov = a.outer.nesterov;
+  s.stepShare = a.mode == "a-edit" && a.penalty.stepShare > 0;
+  if (a.mode == "diloco" || a.mode == "localsgd") {
+    // Baselines: plain averaging of pseudo-gradients, no penalty.
+    s.penalty.anomaly = false;
+    s.penalty.weighted = false;
+    s.penalty.clip = false;
+  }
+  if (a.mode == "localsgd") {
+    // Post-local SGD: theta := average(theta), i.e. an outer SGD step with lr 1.
+    s.lr = 1.0;
+    s.momentum = 0.0;
+    s.nesterov = false;
+  }
+  return s;
+}
+
+void outerStep(torch::Tensor& outer, torch::Tensor& momentum, const torch::Tensor& grad,
+               double lr, double mu, bool nesterov) {
+  if (mu == 0) {
+    outer.sub_(grad, lr);
+    return;
+  }
+  momentum.mul_(mu).add_(grad);
+  if (nesterov) {
+    outer.sub_(grad + mu * momentum, lr);
+  } else {
+    outer.sub_(momentum, lr);
+  }
+}
+
+static double completeNorm(Comm& comm, const torch::Tensor& local) {
+  // Squared norm of the local slice, summed over the shard group. A NaN/Inf anywhere
+  // makes the sum non-finite on every rank of the group, so all agree it is an anomaly.
+  auto sq = torch::full({1}, (local * local).sum().item<double>(), torch::kFloat64);
+  comm.allreduce(Group::Shard, sq);
+  return std::sqrt(sq.item<double>());
+}
+
+UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& detector,
+                        const SyncSettings& s, double stepsSinceSync) {
+  UnitSyncResult r;
+  auto D = o.outer - unit.shardView;  // 1. pseudo-gradient
+  r.norm = completeNorm(comm, D);     // 2. norm of the replica's whole unit
+
+  // 3. anomaly elimination (non-finite is always an anomaly, even with the test off).
+  if (!std::isfinite(r.norm)) {
+    r.anomaly = true;
+  } else if (s.penalty.anomaly) {
+    r.anomaly = detector.observe(r.norm, s.penalty).anomaly;
+  }
+  if (r.anomaly) D.zero_();
+
+  // 4. weights over the sync group from everyone's (norm, steps).
+  const int M = comm.size(Group::Sync);
+  auto mine = torch::tensor({r.anomaly ? std::numeric_limits<double>::infinity() : r.norm,
+                             stepsSinceSync},
+                            torch::kFloat64);
+  std::vector<double> norms{mine[0].item<double>()}, steps{stepsSinceSync};
+  if (M > 1) {
+    auto all = torch::empty({M, 2}, torch::kFloat64);
+    std::vector<torch::Tensor> outs;
+    for (int m = 0; m < M; ++m) outs.push_back(all[m]);
+    comm.allgather(Group::Sync, mine, outs);
+    auto acc = all.accessor<double, 2>();
+    norms.assign(M, 0);
+    steps.assign(M, 0);
+    for (int m = 0; m < M; ++m) {
+      norms[m] = acc[m][0];
+      steps[m] = acc[m][1];
+    }
+  }
+  auto w = replicaWeights(norms, steps, s.penalty, s.penalty.weighted, s.stepShare);
+  r.weight = w[comm.rankIn(Group::Sync)];
+  double wsum = 0;
+  for (double x : w) wsum += x;
+  if (wsum == 0) {
+    // Every replica anomalous: skip the outer step and drop the local progress.
+    r.skipped = true;
+    unit.shardView.copy_(o.outer);
+    return r;
+  }
+  D.mul_(r.weight);
+  comm.allreduce(Group::Sync, D);  // Dbar = sum_m w_m D_m (weights already sum to 1)
+
+  // 5. clipping of the averaged pseudo-gradient.
+  r.averagedNorm = completeNorm(comm, D);
+  if (s.penalty.clip) {
+    r.clipFactor = clipScale(r.averagedNorm, s.penalty.clipNorm);
+    if (r.clipFactor < 1) D.mul_(r.clipFactor);
+  }
+
+  // 6. outer Nesterov step, 7. theta := theta_outer.
+  outerStep(o.outer, o.momentum, D, s.lr, s.momentum, s.nesterov);
+  unit.shardView.copy_(o.outer);
+  return r;
+}
+
+}  // namespace edit

@@ -1,0 +1,332 @@
+// /metrics exporter (prometheus-cpp) and the gRPC report stream to the operator.
+#include "telemetry.h"
+
+#include <grpcpp/grpcpp.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "edit/v1alpha1/telemetry.grpc.pb.h"
+
+namespace edit {
+
+// ---------------------------------------------------------------------------- metrics
+
+namespace {
+
+// Step and sync times range from ~1 ms (tiny models) to a minute (large syncs).
+const prometheus::Histogram::BucketBoundaries kSecondsBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60};
+
+// Advances a counter to a cumulative value; a value that went down (a restarted source)
+// only moves the baseline, since a counter never decreases.
+template <typename T>
+void advance(prometheus::Counter& c, T& last, T now) {
+  if (now > last) c.Increment(static_cast<double>(now - last));
+  last = now;
+}
+
+}  // namespace
+
+struct WorkerMetrics::Impl {
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::mutex mu;
+
+  prometheus::Histogram* stepSeconds = nullptr;
+  prometheus::Gauge* loss = nullptr;
+  prometheus::Counter* tokens = nullptr;
+  prometheus::Counter* syncRounds = nullptr;
+  prometheus::Histogram* syncSeconds = nullptr;
+  prometheus::Family<prometheus::Counter>* commBytes = nullptr;
+  prometheus::Family<prometheus::Counter>* commWait = nullptr;
+  prometheus::Gauge* pseudoGradNorm = nullptr;
+  prometheus::Counter* anomalies = nullptr;
+
+  uint64_t lastTokens = 0, lastSyncRounds = 0, lastAnomalies = 0;
+  int64_t lastStep = -1;
+  std::map<std::pair<std::string, std::string>, uint64_t> lastBytes;
+  std::map<std::string, double> lastWait;
+};
+
+WorkerMetrics::WorkerMetrics(const std::string& host, int port, const std::string& job, int rank,
+                             int replica, int shard)
+    : impl_(std::make_unique<Impl>()) {
+  using namespace prometheus;
+  const Labels constant = {{"job", job},
+                           {"rank", std::to_string(rank)},
+                           {"replica", std::to_string(replica)},
+                           {"shard", std::to_string(shard)}};
+  auto& r = *impl_->registry;
+  impl_->stepSeconds = &BuildHistogram()
+                            .Name("edit_train_step_seconds")
+                            .Help("Wall time of one training step")
+                            .Labels(constant)
+                            .Register(r)
+                            .Add({}, kSecondsBuckets);
+  impl_->loss = &BuildGauge().Name("edit_train_loss").Help("Training loss of the last step").Labels(constant).Register(r).Add({});
+  impl_->tokens = &BuildCounter()
+                       .Name("edit_train_tokens_total")
+                       .Help("Tokens processed by this rank")
+                       .Labels(constant)
+                       .Register(r)
+                       .Add({});
+  impl_->syncRounds = &BuildCounter()
+                           .Name("edit_sync_rounds_total")
+                           .Help("Outer synchronization rounds completed")
+                           .Labels(constant)
+                           .Register(r)
+                           .Add({});
+  impl_->syncSeconds = &BuildHistogram()
+                            .Name("edit_sync_seconds")
+                            .Help("Duration of one synchronization round")
+                            .Labels(constant)
+                            .Register(r)
+                            .Add({}, kSecondsBuckets);
+  impl_->commBytes = &BuildCounter()
+                          .Name("edit_comm_bytes_total")
+                          .Help("Bytes sent by this rank, per collective and process group")
+                          .Labels(constant)
+                          .Register(r);
+  impl_->commWait = &BuildCounter()
+                         .Name("edit_comm_wait_seconds_total")
+                         .Help("Time the training thread was blocked in collectives, per process group")
+                         .Labels(constant)
+                         .Register(r);
+  impl_->pseudoGradNorm = &BuildGauge()
+                               .Name("edit_pseudo_grad_norm")
+                               .Help("Norm of the last averaged pseudo-gradient")
+                               .Labels(constant)
+                               .Register(r)
+                               .Add({});
+  impl_->anomalies = &BuildCounter()
+                          .Name("edit_pseudo_grad_anomalies_total")
+                          .Help("Pseudo-gradient anomalies detected and eliminated")
+                          .Labels(constant)
+                          .Register(r)
+                          .Add({});
+
+  const std::string bind = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+                           std::to_string(port);
+  try {
+    impl_->exposer = std::make_unique<Exposer>(bind, 1);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("metrics: cannot listen on " + bind + ": " + e.what());
+  }
+  impl_->exposer->RegisterCollectable(impl_->registry);
+}
+
+WorkerMetrics::~WorkerMetrics() = default;
+
+int WorkerMetrics::port() const {
+  auto ports = impl_->exposer->GetListeningPorts();
+  return ports.empty() ? -1 : ports.front();
+}
+
+void WorkerMetrics::update(const StepReport& r) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& m = *impl_;
+  if (r.step != m.lastStep) {  // one observation per step, however often update() is called
+    m.stepSeconds->Observe(r.stepSeconds);
+    if (r.synced) m.syncSeconds->Observe(r.syncSeconds);
+    m.lastStep = r.step;
+  }
+  m.loss->Set(r.loss);
+  m.pseudoGradNorm->Set(r.pseudoGradNorm);
+  advance(*m.tokens, m.lastTokens, r.tokens);
+  advance(*m.syncRounds, m.lastSyncRounds, r.syncRounds);
+  advance(*m.anomalies, m.lastAnomalies, r.anomalies);
+
+  std::map<std::string, double> waitByGroup;
+  for (const auto& [key, c] : r.comm) {
+    auto& counter = m.commBytes->Add({{"op", key.first}, {"group", key.second}});
+    advance(counter, m.lastBytes[key], c.bytes);
+    waitByGroup[key.second] += c.waitSeconds;
+  }
+  for (const auto& [group, wait] : waitByGroup)
+    advance(m.commWait->Add({{"group", group}}), m.lastWait[group], wait);
+}
+
+// ---------------------------------------------------------------------------- telemetry
+
+namespace pb = ::edit::v1alpha1;
+
+struct TelemetryClient::Impl {
+  std::string addr;
+  pb::WorkerReport identity;  // namespace, job, token, pod, node
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<pb::WorkerReport> pending;  // queue of one: the newest report wins
+  bool stop = false;
+  bool streamBroken = false;
+  grpc::ClientContext* active = nullptr;  // the live stream's context, for TryCancel
+
+  std::atomic<int> command{static_cast<int>(OperatorCommand::None)};
+  std::atomic<bool> connected{false};
+  std::thread worker;
+
+  void run();
+  bool waitBackoff(std::chrono::milliseconds d);
+  void noteCommand(const pb::Command& c);
+};
+
+void TelemetryClient::Impl::noteCommand(const pb::Command& c) {
+  OperatorCommand next = OperatorCommand::None;
+  if (c.kind() == pb::Command::CHECKPOINT) next = OperatorCommand::Checkpoint;
+  if (c.kind() == pb::Command::STOP) next = OperatorCommand::Stop;
+  if (next == OperatorCommand::None) return;
+  // Newest wins, except that an untaken Stop is never downgraded to a Checkpoint.
+  int cur = command.load();
+  while (!(cur == static_cast<int>(OperatorCommand::Stop) && next == OperatorCommand::Checkpoint) &&
+         !command.compare_exchange_weak(cur, static_cast<int>(next))) {
+  }
+}
+
+// Sleeps up to d; false when the client is being destroyed.
+bool TelemetryClient::Impl::waitBackoff(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait_for(lock, d, [&] { return stop; });
+  return !stop;
+}
+
+void TelemetryClient::Impl::run() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
+  auto channel = grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
+  auto stub = pb::Telemetry::NewStub(channel);
+  std::mt19937_64 rng(std::random_device{}());
+  std::chrono::milliseconds backoff(100);
+  const std::chrono::milliseconds cap(5000);
+
+  for (;;) {
+    grpc::ClientContext ctx;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stop) return;
+      active = &ctx;
+      streamBroken = false;
+    }
+    auto stream = stub->Stream(&ctx);
+    std::thread reader([&] {
+      pb::Command c;
+      while (stream->Read(&c)) noteCommand(c);
+      std::lock_guard<std::mutex> lock(mu);
+      streamBroken = true;
+      cv.notify_all();
+    });
+
+    // Deliver reports until the stream breaks or the client is destroyed.
+    for (;;) {
+      pb::WorkerReport report;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || streamBroken || pending.has_value(); });
+        if (stop || streamBroken) break;
+        report = std::move(*pending);
+        pending.reset();
+      }
+      if (!stream->Write(report)) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!pending) pending = std::move(report);  // retry it unless a newer one came
+        break;
+      }
+      connected = true;
+      backoff = std::chrono::milliseconds(100);
+    }
+
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      active = nullptr;
+    }
+    ctx.TryCancel();  // unblocks the reader; Finish() then returns at once
+    reader.join();
+    stream->Finish();
+    connected = false;
+
+    // Exponential backoff with jitter, so restarted operators are not stampeded.
+    std::uniform_real_distribution<double> jitter(0.5, 1.0);
+    auto wait = std::chrono::milliseconds(static_cast<int64_t>(backoff.count() * jitter(rng)));
+    backoff = std::min(cap, backoff * 2);
+    if (!waitBackoff(wait)) return;
+  }
+}
+
+TelemetryClient::TelemetryClient(const std::string& addr, const std::string& token,
+                                 const std::string& ns, const std::string& job,
+                                 const std::string& pod, const std::string& node)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->addr = addr;
+  impl_->identity.set_namespace_(ns);
+  impl_->identity.set_job(job);
+  impl_->identity.set_token(token);
+  impl_->identity.set_pod(pod);
+  impl_->identity.set_node(node);
+  impl_->worker = std::thread([this] { impl_->run(); });
+}
+
+TelemetryClient::~TelemetryClient() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+    impl_->pending.reset();  // nothing more is sent
+    if (impl_->active) impl_->active->TryCancel();
+  }
+  impl_->cv.notify_all();
+  impl_->worker.join();
+}
+
+void TelemetryClient::send(const StepReport& r) {
+  pb::WorkerReport m = impl_->identity;
+  m.set_rank(r.rank);
+  m.set_replica(r.replica);
+  m.set_shard(r.shard);
+  m.set_step(r.step);
+  m.set_total_steps(r.totalSteps);
+  m.set_loss(r.loss);
+  m.set_tokens(r.tokens);
+  m.set_sync_rounds(r.syncRounds);
+  m.set_anomalies(r.anomalies);
+  m.set_pseudo_grad_norm(r.pseudoGradNorm);
+  m.set_step_seconds(r.stepSeconds);
+  m.set_compute_seconds(r.computeSeconds);
+  m.set_comm_wait_seconds(r.commWaitSeconds);
+  m.set_sync_seconds(r.syncSeconds);
+  for (const auto& [key, c] : r.comm) {
+    auto* cc = m.add_comm();
+    cc->set_op(key.first);
+    cc->set_group(key.second);
+    cc->set_bytes(c.bytes);
+    cc->set_wait_seconds(c.waitSeconds);
+    cc->set_calls(c.calls);
+  }
+  m.set_phase(r.phase);
+  m.set_unix_time(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stop) return;
+    impl_->pending = std::move(m);
+  }
+  impl_->cv.notify_all();
+}
+
+OperatorCommand TelemetryClient::takeCommand() {
+  return static_cast<OperatorCommand>(impl_->command.exchange(static_cast<int>(OperatorCommand::None)));
+}
+
+bool TelemetryClient::connected() const { return impl_->connected.load(); }
+
+}  // namespace edit

@@ -1,0 +1,125 @@
+// The training loop of one worker: sharded forward/backward, the inner AdamW step, and
+// the synchronization schedule of each mode (ddp, localsgd, diloco, edit, a-edit).
+// Model (model.h), parallelism (comm.h, flat_units.h) and the algorithm (outer_sync.h,
+// penalty.h) live elsewhere; this file only decides what runs when.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "config.h"
+#include "data.h"
+#include "flat_units.h"
+#include "optim.h"
+#include "outer_sync.h"
+#include "penalty.h"
+#include "report.h"
+
+namespace edit {
+
+// Exit codes of edit-train, read by edit-run and by the operator's failure policy.
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitFailure = 1,         // unexpected error: retryable
+  kExitInvalidInput = 2,    // bad config, data or checkpoint layout: permanent
+  kExitPeerLost = 75,       // a collective failed or timed out (a peer died): retryable
+  kExitTerminated = 143,    // stopped by SIGTERM/operator after saving a checkpoint
+};
+
+struct TrainResult {
+  int64_t steps = 0;         // steps done by this rank
+  bool stopped = false;      // stopped early on request (checkpoint saved)
+  double finalLoss = 0;      // training loss of the last step
+  double valLoss = -1;       // world-mean validation loss at the end (-1: no val data)
+  uint64_t tokens = 0;       // tokens of this rank
+  double seconds = 0;
+  uint64_t syncRounds = 0, anomalies = 0;
+  int64_t resumedFrom = -1;  // checkpoint step resumed from (-1: fresh start)
+  CommCounts comm;
+};
+
+struct TrainerHooks {
+  std::function<void(const StepReport&)> onStep;  // after every step (training thread)
+  std::function<void(const std::string&)> log;    // human-readable log lines
+};
+
+class Trainer {
+ public:
+  Trainer(Config cfg, MeshSpec mesh, TrainerHooks hooks = {});
+  ~Trainer();
+  TrainResult run();
+
+  // Safe from other threads and signal handlers' helpers: acted on at the next point
+  // where every rank can agree (every step in synchronous phases, else the next sync).
+  void requestStop() { stopRequested_ = true; }
+  void requestCheckpoint() { checkpointRequested_ = true; }
+
+  // Inspection for tests.
+  const std::vector<FlatUnit>& units() const { return units_; }
+  const std::vector<OuterUnit>& outer() const { return outer_; }
+  const Comm& comm() const { return *comm_; }
+  int64_t totalSteps() const { return totalSteps_; }
+
+ private:
+  struct Control {
+    bool stop = false, checkpoint = false;
+    int64_t replicaSteps = 0;  // steps summed over replicas
+  };
+  struct StepOutcome;
+
+  void setup();
+  bool isLocalMode() const;
+  bool synchronousAt(int64_t t) const;  // gradients averaged across replicas at step t
+  bool syncDue(int64_t t);
+  Control exchangeControl(int64_t t);
+  void initOuter();
+  double trainStep(int64_t t, bool sync, StepOutcome& out);
+  void syncWholeModel(StepOutcome& out);
+  void gatherAll();
+  double evaluate(int64_t batches, Group reduceOver);
+  void injectDelay(int64_t t);
+  void corruptIfAsked();
+  void saveCheckpoint(int64_t id);
+  bool tryResume();
+  void log(const std::string& s);
+
+  Config cfg_;
+  MeshSpec mesh_;
+  TrainerHooks hooks_;
+  ModelShape shape_{};
+  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<CommStream> stream_;
+  std::vector<FlatUnit> units_;
+  std::vector<OuterUnit> outer_;
+  std::vector<EwmaDetector> detectors_;
+  std::unique_ptr<ShardedAdamW> adam_;
+  SyncSettings sync_;
+  Rope rope_;
+  std::optional<data::TokenFile> train_, val_;
+  std::unique_ptr<data::BatchSampler> trainSampler_, valSampler_;
+  std::vector<int64_t> inputs_, targets_;
+
+  std::atomic<bool> stopRequested_{false}, checkpointRequested_{false};
+  int64_t totalSteps_ = 0;
+  int64_t step_ = 0;             // steps completed by this rank
+  int64_t stepsSinceSync_ = 0;
+  double lastSyncTime_ = 0;
+  uint64_t syncRounds_ = 0, anomalies_ = 0, tokens_ = 0;
+  double lastPseudoGradNorm_ = 0;
+  int64_t lastCheckpointId_ = -1;
+  int64_t controlId_ = 0;        // checkpoint id agreed at the last control exchange
+  bool outerReady_ = false;
+  bool done_ = false;
+};
+
+// Set by edit-train's SIGTERM handler; every Trainer polls it.
+extern std::atomic<bool> gTerminateRequested;
+
+}  // namespace edit

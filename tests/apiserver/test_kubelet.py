@@ -1,0 +1,154 @@
+"""The local kubelet: pods as processes, exit codes, restarts, fault hooks,
+graceful deletion, env resolution, scheduling and pod DNS names."""
+import json
+import os
+import socket
+import time
+import unittest
+
+from standin_fixture import FIXTURES, StandInCase
+
+PODS = "/api/v1/namespaces/default/pods"
+
+
+def pod(name, script, policy="Never", **spec):
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"test": name}},
+            "spec": dict({"restartPolicy": policy, "containers": [{
+                "name": "main", "image": "ignored", "command": ["sh", "-c", script]}]},
+                **spec)}
+    return json.dumps(body)
+
+
+class KubeletTest(StandInCase):
+    extra_args = ("--kubelet", "--nodes", "3", "--path-prepend", os.path.join(FIXTURES, "bin"))
+
+    def get_pod(self, name):
+        code, obj = self.s.api("GET", PODS + "/" + name)
+        return obj if code == 200 else None
+
+    def wait_phase(self, name, phase, timeout=15):
+        return self.s.wait_for(lambda: (self.get_pod(name) or {}).get("status", {}).get(
+            "phase") == phase and self.get_pod(name), timeout, what="%s %s" % (name, phase))
+
+    def test_exit_code_fails_pod(self):
+        self.kubectl("apply", "-f", "-", input=pod("exit3", "echo hi; exit 3"))
+        obj = self.wait_phase("exit3", "Failed")
+        term = obj["status"]["containerStatuses"][0]["state"]["terminated"]
+        self.assertEqual((term["exitCode"], term["reason"]), (3, "Error"))
+        self.assertEqual(self.kubectl("logs", "exit3").stdout, "hi\n")
+        self.assertIn("Error", self.kubectl("get", "pod", "exit3").stdout)
+
+    def test_success_and_env(self):
+        self.kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "envcm"},
+            "data": {"greeting": "hello"}}))
+        body = json.loads(pod("envpod", 'echo "$NAME $NS $GREETING $IP $(NAME) $HOSTNAME"'))
+        body["spec"]["containers"][0]["env"] = [
+            {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "envcm",
+                                                                   "key": "greeting"}}}]
+        self.kubectl("apply", "-f", "-", input=json.dumps(body))
+        obj = self.wait_phase("envpod", "Succeeded")
+        ip = obj["status"]["podIP"]
+        self.assertTrue(ip.startswith("127."))
+        self.assertEqual(self.kubectl("logs", "envpod").stdout.strip(),
+                         "envpod default hello %s envpod envpod" % ip)
+
+    def test_path_prepend_and_config_volume(self):
+        self.kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "volcm"},
+            "data": {"config.yaml": "steps: 3\n"}}))
+        body = json.loads(pod("voltool", ""))
+        body["spec"]["containers"] = [
+            {"name": "tool", "image": "x", "command": ["standin-hello"]},
+            {"name": "cat", "image": "x", "command": ["cat", "/etc/edit/config.yaml"],
+             "volumeMounts": [{"name": "cfg", "mountPath": "/etc/edit"}]}]
+        body["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "volcm"}}]
+        self.kubectl("apply", "-f", "-", input=json.dumps(body))
+        self.wait_phase("voltool", "Succeeded")
+        self.assertEqual(self.kubectl("logs", "voltool", "-c", "tool").stdout,
+                         "hello from voltool\n")
+        self.assertEqual(self.kubectl("logs", "voltool", "-c", "cat").stdout, "steps: 3\n")
+
+    def test_killed_by_fault_hook_then_restarted(self):
+        self.kubectl("apply", "-f", "-", input=pod("sleeper", "sleep 600", "OnFailure"))
+        self.wait_phase("sleeper", "Running")
+        code, res = self.s.api("POST", "/standin/kill?namespace=default&pod=sleeper&signal=KILL")
+        self.assertEqual(code, 200)
+        self.assertEqual(len(res["signalled"]), 1)
+        obj = self.s.wait_for(lambda: (self.get_pod("sleeper")["status"]["containerStatuses"]
+                                       [0]["restartCount"] == 1) and self.get_pod("sleeper"),
+                              what="restart")
+        last = obj["status"]["containerStatuses"][0]["lastState"]["terminated"]
+        self.assertEqual(last["exitCode"], 137)
+        self.kubectl("delete", "pod", "sleeper", "--grace-period=1")
+
+    def test_graceful_delete_sends_sigterm(self):
+        marker = os.path.join(self.s.tmp, "got-term")
+        script = 'trap "echo term > %s; exit 0" TERM; while true; do sleep 0.1; done' % marker
+        self.kubectl("apply", "-f", "-", input=pod("graceful", script))
+        self.wait_phase("graceful", "Running")
+        self.kubectl("delete", "pod", "graceful", "--grace-period=10", "--wait=false")
+        self.s.wait_for(lambda: self.get_pod("graceful") is None, what="pod gone")
+        with open(marker) as f:
+            self.assertEqual(f.read().strip(), "term")
+        # A process that ignores SIGTERM is killed after the grace period.
+        self.kubectl("apply", "-f", "-", input=pod("stubborn", 'trap "" TERM; '
+                                                   'while true; do sleep 0.1; done'))
+        self.wait_phase("stubborn", "Running")
+        start = time.monotonic()
+        self.kubectl("delete", "pod", "stubborn", "--grace-period=2", "--wait=false")
+        self.assertIn("Terminating", self.kubectl("get", "pod", "stubborn").stdout)
+        self.s.wait_for(lambda: self.get_pod("stubborn") is None, what="pod killed")
+        self.assertGreaterEqual(time.monotonic() - start, 1.8)
+
+    @unittest.skipUnless(os.access("/etc/hosts", os.W_OK), "needs a writable /etc/hosts")
+    def test_dns_names_resolve_to_pod_ip(self):
+        # /etc/hosts is shared by every stand-in on the machine: unique names.
+        svc, name = "dnsjob%d" % self.s.port, "dns%d-0" % self.s.port
+        self.kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": svc},
+            "spec": {"clusterIP": "None", "selector": {"test": name}}}))
+        self.kubectl("apply", "-f", "-", input=pod(name, "sleep 600", hostname=name,
+                                                   subdomain=svc))
+        ip = self.wait_phase(name, "Running")["status"]["podIP"]
+        for host in ("%s.%s.default.svc.cluster.local" % (name, svc), "%s.%s" % (name, svc),
+                     "%s.default.svc" % svc):
+            got = self.s.wait_for(lambda: _resolve(host), what="resolve " + host)
+            self.assertEqual(got, ip)
+        self.kubectl("delete", "pod", name, "--grace-period=1")
+        self.s.wait_for(lambda: _resolve("%s.%s" % (name, svc)) is None, what="name removed")
+
+    def test_anti_affinity_spreads_pods(self):
+        anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"group": "spread"}}}]}}
+        for i in range(3):
+            body = json.loads(pod("spread-%d" % i, "sleep 600", affinity=anti))
+            body["metadata"]["labels"]["group"] = "spread"
+            self.kubectl("apply", "-f", "-", input=json.dumps(body))
+            self.wait_phase("spread-%d" % i, "Running")
+        nodes = {self.get_pod("spread-%d" % i)["spec"]["nodeName"] for i in range(3)}
+        self.assertEqual(len(nodes), 3)
+        body = json.loads(pod("spread-3", "sleep 600", affinity=anti))
+        body["metadata"]["labels"]["group"] = "spread"
+        self.kubectl("apply", "-f", "-", input=json.dumps(body))
+        time.sleep(1.5)
+        p = self.get_pod("spread-3")
+        self.assertEqual(p["status"]["phase"], "Pending")
+        self.assertNotIn("nodeName", p["spec"])
+        self.kubectl("delete", "pod", "-l", "group=spread", "--grace-period=1")
+
+
+def _resolve(name):
+    try:
+        return socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
+    except socket.gaierror:
+        return None
+
+
+if __name__ == "__main__":
+    unittest.main()

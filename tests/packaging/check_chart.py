@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Renders the Helm chart with default and non-default values and checks the objects:
+valid YAML, the Deployment's flags, probes and security settings, least-privilege RBAC
+(no wildcards, exactly the rules the operator needs), Services, the optional Prometheus
+Operator resources, the dashboards ConfigMap and NOTES.txt."""
+import json
+
+from common import (ALERTS, CHART, FULL_VALUES, dashboard_files, fail, helm_template, load_json,
+                    load_yaml, load_yaml_docs, run, tool)
+
+JOB_RULES = {
+    ("edit.io", "editjobs"): {"get", "list", "watch", "update", "patch"},
+    ("edit.io", "editjobs/status"): {"get", "update", "patch"},
+    ("edit.io", "editjobs/finalizers"): {"update"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete"},
+    ("", "services"): {"get", "list", "watch", "create", "delete"},
+    ("", "secrets"): {"get", "list", "watch", "create", "delete"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "delete", "update", "patch"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+PODGROUP_RULES = {
+    ("scheduling.volcano.sh", "podgroups"): {"get", "list", "create", "delete"},
+    ("scheduling.x-k8s.io", "podgroups"): {"get", "list", "create", "delete"},
+}
+LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def flatten_rules(role):
+    out = {}
+    for r in role.get("rules", []):
+        for g in r.get("apiGroups", []):
+            for res in r.get("resources", []):
+                out.setdefault((g, res), set()).update(r.get("verbs", []))
+    return out
+
+
+def check_deployment(docs, values, problems):
+    deps = by_kind(docs, "Deployment")
+    if len(deps) != 1:
+        problems.append(f"{len(deps)} Deployments, want 1")
+        return
+    pod = deps[0]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
+    if not (psc.get("runAsNonRoot") or csc.get("runAsNonRoot")):
+        problems.append("Deployment: runAsNonRoot not set")
+    if (csc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        problems.append("Deployment: seccompProfile RuntimeDefault not set")
+    if csc.get("readOnlyRootFilesystem") is not True:
+        problems.append("Deployment: readOnlyRootFilesystem not true")
+    if csc.get("allowPrivilegeEscalation") is not False:
+        problems.append("Deployment: allowPrivilegeEscalation not false")
+    if "ALL" not in (csc.get("capabilities") or {}).get("drop", []):
+        problems.append("Deployment: capabilities do not drop ALL")
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    if ports != {"metrics": 8080, "health": 8081, "telemetry": 9090}:
+        problems.append(f"Deployment: container ports {ports}")
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = (c.get(probe) or {}).get("httpGet", {})
+        if get.get("path") != path or get.get("port") not in ("health", 8081):
+            problems.append(f"Deployment: {probe} must GET {path} on the health port, is {get}")
+    args = c.get("args", [])
+    for flag in ("--namespaces=" + ",".join(values.get("namespaces", [])), "--metrics-addr=:8080",
+                 "--health-addr=:8081", "--grpc-addr=:9090", "--log-level=" + values.get("logLevel", "info"),
+                 "--telemetry-advertise-addr=t-edit-operator-telemetry.edit-system.svc:9090"):
+        if flag not in args:
+            problems.append(f"Deployment: argument {flag} missing from {args}")
+    leader = values.get("replicaCount", 1) > 1
+    if ("--leader-elect" in args) != leader:
+        problems.append(f"Deployment: --leader-elect must be set exactly when replicaCount > 1 ({args})")
+    if not c.get("resources", {}).get("requests"):
+        problems.append("Deployment: no resource requests")
+
+
+def check_rbac(docs, values, problems):
+    for d in docs:
+        if d["kind"] in ("ClusterRole", "Role"):
+            for r in d.get("rules", []):
+                for key in ("verbs", "resources", "apiGroups"):
+                    if "*" in r.get(key, []):
+                        problems.append(f"{d['kind']} {d['metadata']['name']}: wildcard in {key}")
+    want = dict(JOB_RULES)
+    gang = values.get("gangScheduling", {})
+    if gang.get("volcano"):
+        want[("scheduling.volcano.sh", "podgroups")] = PODGROUP_RULES[("scheduling.volcano.sh", "podgroups")]
+    if gang.get("coscheduling"):
+        want[("scheduling.x-k8s.io", "podgroups")] = PODGROUP_RULES[("scheduling.x-k8s.io", "podgroups")]
+    roles = by_kind(docs, "ClusterRole")
+    if len(roles) != 1 or flatten_rules(roles[0]) != want:
+        problems.append(f"ClusterRole rules {[flatten_rules(r) for r in roles]}, want {want}")
+    leases = by_kind(docs, "Role")
+    if values.get("replicaCount", 1) > 1:
+        if len(leases) != 1 or flatten_rules(leases[0]) != LEASE_RULES:
+            problems.append(f"leader election Role: {[flatten_rules(r) for r in leases]}, want {LEASE_RULES}")
+    elif leases:
+        problems.append("a Role for leases is rendered without leader election")
+    namespaces = values.get("namespaces", [])
+    crbs, rbs = by_kind(docs, "ClusterRoleBinding"), by_kind(docs, "RoleBinding")
+    job_rbs = sorted(b["metadata"]["namespace"] for b in rbs if b["roleRef"]["kind"] == "ClusterRole")
+    if namespaces:
+        if crbs or job_rbs != sorted(namespaces):
+            problems.append(f"with namespaces {namespaces}: RoleBindings in {job_rbs}, ClusterRoleBindings {len(crbs)}")
+    elif len(crbs) != 1 or job_rbs:
+        problems.append("without namespaces: one ClusterRoleBinding and no job RoleBindings expected")
+    sa = [d["metadata"]["name"] for d in by_kind(docs, "ServiceAccount")]
+    for b in crbs + rbs:
+        if [s["name"] for s in b["subjects"]] != sa:
+            problems.append(f"{b['kind']} {b['metadata']['name']} binds {b['subjects']}, not the ServiceAccount {sa}")
+
+
+def check_services(docs, problems):
+    ports = sorted(p["port"] for s in by_kind(docs, "Service") for p in s["spec"]["ports"])
+    if ports != [8080, 9090]:
+        problems.append(f"Services expose ports {ports}, want metrics 8080 and telemetry 9090")
+
+
+def check_monitoring(docs, want, problems):
+    kinds = {d["kind"] for d in docs} & MONITORING_KINDS
+    if kinds != (MONITORING_KINDS if want else set()):
+        problems.append(f"Prometheus Operator resources {sorted(kinds)}, expected {'all' if want else 'none'}")
+    for rule in by_kind(docs, "PrometheusRule"):
+        if rule["spec"] != load_yaml(ALERTS):
+            problems.append("PrometheusRule groups differ from deploy/prometheus/edit-alerts.rules.yaml")
+    for sm in by_kind(docs, "ServiceMonitor") + by_kind(docs, "PodMonitor"):
+        eps = sm["spec"].get("endpoints") or sm["spec"].get("podMetricsEndpoints")
+        if not all(e.get("honorLabels") for e in eps):
+            problems.append(f"{sm['kind']}: honorLabels must be true (keep the job/namespace labels of the metrics)")
+
+
+def check_dashboards(docs, problems):
+    cms = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboards")]
+    if len(cms) != 1:
+        problems.append(f"{len(cms)} dashboard ConfigMaps, want 1")
+        return
+    cm = cms[0]
+    if cm["metadata"].get("labels", {}).get("grafana_dashboard") != "1":
+        problems.append("dashboard ConfigMap lacks the label grafana_dashboard: \"1\"")
+    files = {p.name: load_json(p) for p in dashboard_files()}
+    got = {k: json.loads(v) for k, v in cm.get("data", {}).items()}
+    if got != files:
+        problems.append(f"dashboard ConfigMap holds {sorted(got)}, differing from dashboards/ {sorted(files)}")
+
+
+def check_notes(values_file, problems):
+    args = [tool("helm"), "install", "t", CHART, "--dry-run=client", "--namespace", "edit-system"]
+    if values_file:
+        args += ["-f", values_file]
+    out = run(args)
+    notes = out.split("NOTES:", 1)[1] if "NOTES:" in out else ""
+    for want in ("kubectl apply -f examples/editjob-tiny.yaml", "kubectl get ej -w"):
+        if want not in notes:
+            problems.append(f"NOTES.txt does not say '{want}'")
+
+
+def check_docs(docs, problems):
+    for d in docs:
+        if not isinstance(d, dict) or not d.get("apiVersion") or not d.get("kind") or not d.get("metadata", {}).get("name"):
+            problems.append(f"rendered document without apiVersion/kind/name: {str(d)[:100]}")
+
+
+def main():
+    problems = []
+    full = load_yaml(FULL_VALUES)
+    cases = [("default", None, {}, [], False),
+             ("full", FULL_VALUES, full, [], True),
+             ("default, cluster with Prometheus Operator", None, {}, ["--api-versions", "monitoring.coreos.com/v1"], True)]
+    for name, values_file, values, extra, monitoring in cases:
+        before = len(problems)
+        docs = helm_template(values_file, extra)
+        check_docs(docs, problems)
+        check_deployment(docs, values, problems)
+        check_rbac(docs, values, problems)
+        check_services(docs, problems)
+        check_monitoring(docs, monitoring, problems)
+        check_dashboards(docs, problems)
+        problems[before:] = [f"[{name}] {p}" for p in problems[before:]]
+        print(f"[{name}] {len(docs)} objects: {sorted({d['kind'] for d in docs})}")
+    docs = load_yaml_docs(run([tool("helm"), "template", "t", CHART, "--include-crds"]))
+    crds = by_kind(docs, "CustomResourceDefinition")
+    if [c["metadata"]["name"] for c in crds] != ["editjobs.edit.io"]:
+        problems.append(f"--include-crds renders {[c['metadata']['name'] for c in crds]}")
+    check_notes(None, problems)
+    check_notes(FULL_VALUES, problems)
+    fail(problems, "chart")
+
+
+if __name__ == "__main__":
+    main()

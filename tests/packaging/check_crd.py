@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""crds/editjob.yaml: names, printer columns, a structural schema with a description on
+every field, valid defaults, CEL rules that name existing fields, the worker-config
+sections mirroring runtime/src/config.h (names, nesting, types, defaults), and every
+EDiTJob under examples/ valid against the schema."""
+import re
+
+from common import CRD, ROOT, fail, load_yaml, load_yaml_docs
+from openapi_schema import resolve, validate, walk
+
+CONFIG_H = ROOT / "runtime" / "src" / "config.h"
+# spec sections the operator copies into the workers' config file, and the struct each mirrors.
+MIRRORED = ["model", "data", "training", "algorithm", "checkpoint", "debug"]
+# Fields the CRD adds to a mirrored section (resolved by the operator, not by the runtime).
+CRD_ONLY = {"data.pvc", "checkpoint.pvc"}
+# Filled by model.preset: a schema default would override every preset, so none is allowed.
+PRESET_FILLED = {"model." + f for f in ("vocabSize", "dim", "layers", "heads", "ffnDim", "ropeTheta", "normEps", "initStd")}
+CXX_TYPES = {"int64_t": "integer", "int": "integer", "uint64_t": "integer", "double": "number",
+             "bool": "boolean", "std::string": "string"}
+COLUMNS = {"Phase": ".status.phase", "Step": ".status.progress.step", "Loss": ".status.progress.loss",
+           "Tokens/s": ".status.progress.tokensPerSecond", "Stragglers": ".status.stragglerCount",
+           "Age": ".metadata.creationTimestamp"}
+CEL_REQUIRED = {  # schema node -> a word its rules must mention
+    "spec": "4096", "spec.algorithm": "syncSeconds", "spec.model": "heads"}
+
+
+def parse_config_h():
+    """{struct: {field: (type, default or None)}} from the plain structs of config.h."""
+    text = re.sub(r"//[^\n]*", "", CONFIG_H.read_text())
+    structs = {}
+    for m in re.finditer(r"struct (\w+) \{(.*?)\n\};", text, re.S):
+        fields = {}
+        for f in re.finditer(r"^\s*([\w:]+)\s+(\w+)(?:\s*=\s*([^;]+))?;", m.group(2), re.M):
+            fields[f.group(2)] = (f.group(1), f.group(3))
+        structs[m.group(1)] = fields
+    return structs
+
+
+def cxx_value(kind, literal):
+    if literal is None:
+        return {"std::string": "", "bool": False}.get(kind, 0)
+    literal = literal.strip()
+    if kind == "std::string":
+        return literal.strip('"')
+    if kind == "bool":
+        return literal == "true"
+    if kind == "double":
+        return float(literal)
+    return int(literal)
+
+
+def check_mirror(spec, problems):
+    structs = parse_config_h()
+    top = structs["Config"]
+
+    def compare(struct_name, node, path):
+        fields = structs[struct_name]
+        props = node.get("properties") or {}
+        for extra in sorted(set(props) - set(fields)):
+            if f"{path}.{extra}" not in CRD_ONLY:
+                problems.append(f"spec.{path}.{extra}: not in config.h {struct_name}")
+        for name, (kind, literal) in fields.items():
+            where = f"{path}.{name}"
+            if name not in props:
+                problems.append(f"spec.{where}: missing (config.h {struct_name}.{name})")
+                continue
+            sub = props[name]
+            if kind in structs:
+                if sub.get("type") != "object":
+                    problems.append(f"spec.{where}: must be an object like config.h {kind}")
+                else:
+                    compare(kind, sub, where)
+                continue
+            if sub.get("type") != CXX_TYPES.get(kind):
+                problems.append(f"spec.{where}: type {sub.get('type')}, config.h has {kind}")
+            if where in PRESET_FILLED:
+                if "default" in sub:
+                    problems.append(f"spec.{where}: must have no default (the model preset fills it)")
+                continue
+            want = cxx_value(kind, literal)
+            if "default" not in sub:
+                problems.append(f"spec.{where}: no default (config.h: {want!r})")
+            elif sub["default"] != want or isinstance(sub["default"], bool) != isinstance(want, bool):
+                problems.append(f"spec.{where}: default {sub['default']!r}, config.h has {want!r}")
+
+    for section in MIRRORED:
+        kind = top.get(section, (None,))[0]
+        if kind not in structs:
+            problems.append(f"config.h has no section {section}")
+        elif section not in spec["properties"]:
+            problems.append(f"spec.{section}: missing")
+        else:
+            compare(kind, spec["properties"][section], section)
+
+
+def check_structure(schema, problems):
+    for path, node in walk(schema):
+        where = path or "<root>"
+        if not node.get("description"):
+            problems.append(f"{where}: no description")
+        free = node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string")
+        t = node.get("type")
+        if not t and not free:
+            problems.append(f"{where}: no type")
+        if t == "string" and path not in (".apiVersion", ".kind") and not ({"maxLength", "enum", "format"} & set(node)):
+            problems.append(f"{where}: string without maxLength, enum or format")
+        if t == "array" and ("maxItems" not in node or "items" not in node):
+            problems.append(f"{where}: array without items or maxItems")
+        if t == "object" and not free and path != ".metadata" and not (
+                node.get("properties") or "additionalProperties" in node):
+            problems.append(f"{where}: object without properties")
+        for req in node.get("required", []):
+            if req not in (node.get("properties") or {}):
+                problems.append(f"{where}: required field {req} is not a property")
+        if "default" in node:
+            problems += [f"default of {p}" for p in validate(node, node["default"], where)]
+        for rule in node.get("x-kubernetes-validations", []):
+            if not rule.get("message"):
+                problems.append(f"{where}: CEL rule without message: {rule.get('rule')}")
+            for ref in re.findall(r"self((?:\.\w+)+)", rule.get("rule", "")):
+                if resolve(node, ref[1:]) is None:
+                    problems.append(f"{where}: CEL rule names a missing field self{ref}")
+
+
+def check_crd(crd, problems):
+    names = crd["spec"]["names"]
+    expect = {"kind": "EDiTJob", "plural": "editjobs", "singular": "editjob", "shortNames": ["ej"],
+              "categories": ["all", "edit"]}
+    for k, v in expect.items():
+        if names.get(k) != v:
+            problems.append(f"names.{k}: {names.get(k)!r}, want {v!r}")
+    if crd["metadata"]["name"] != "editjobs.edit.io" or crd["spec"]["group"] != "edit.io":
+        problems.append("must be editjobs.edit.io in group edit.io")
+    versions = crd["spec"]["versions"]
+    if [v["name"] for v in versions] != ["v1alpha1"] or not versions[0].get("storage"):
+        problems.append("one served storage version v1alpha1 expected")
+    v = versions[0]
+    if v.get("subresources", {}).get("status") != {}:
+        problems.append("status subresource missing")
+    schema = v["schema"]["openAPIV3Schema"]
+    cols = {c["name"]: c["jsonPath"] for c in v.get("additionalPrinterColumns", [])}
+    for name, jp in COLUMNS.items():
+        if cols.get(name) != jp:
+            problems.append(f"printer column {name}: {cols.get(name)!r}, want {jp}")
+    for name, jp in cols.items():
+        if not jp.startswith(".metadata.") and resolve(schema, jp[1:]) is None:
+            problems.append(f"printer column {name}: {jp} is not in the schema")
+    for node_path, word in CEL_REQUIRED.items():
+        rules = " ".join(r["rule"] for r in resolve(schema, node_path).get("x-kubernetes-validations", []))
+        if word not in rules:
+            problems.append(f"{node_path}: no CEL rule about {word}")
+    check_structure(schema, problems)
+    check_mirror(schema["properties"]["spec"], problems)
+    return schema
+
+
+def check_examples(schema, problems):
+    count = 0
+    for path in sorted((ROOT / "examples").rglob("*.yaml")):
+        for doc in load_yaml_docs(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "EDiTJob":
+                count += 1
+                problems += [f"{path.relative_to(ROOT)}: {p}" for p in validate(schema, doc, "")]
+    print(f"{count} example EDiTJob(s) validated")
+
+
+def main():
+    problems = []
+    schema = check_crd(load_yaml(CRD), problems)
+    check_examples(schema, problems)
+    fail(problems, "crd")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Multi-process tests through edit-run: 4 workers on loopback, real Gloo.
+
+Each test starts `edit-run` the way a user does and checks what a user would check: it
+exits 0, loss falls, replicas agree on the weights, A-EDiT tolerates a straggler, the
+penalty defeats a corrupted replica, SIGTERM checkpoints and a rerun resumes.
+"""
+import glob
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import ckpt  # noqa: E402
+
+BUILD = os.environ["EDIT_BUILD_DIR"]
+EDIT_RUN = os.path.join(BUILD, "runtime", "edit-run")
+EDIT_DATA = os.path.join(BUILD, "runtime", "edit-data")
+
+
+def make_data(d):
+    """A small English-like corpus (generated, no download) as llm.c token files."""
+    words = ("the of and to in a is that for it as was with be by on not he this are or his "
+             "from at which but have an they you were her she there been one all we their").split()
+    import random
+    rng = random.Random(5)
+    lines = []
+    for _ in range(6000):
+        lines.append(" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) + ".")
+    text = os.path.join(d, "text.txt")
+    with open(text, "w") as f:
+        f.write("\n".join(lines))
+    subprocess.run([EDIT_DATA, "encode", "--in", text, "--train", os.path.join(d, "train.bin"),
+                    "--val", os.path.join(d, "val.bin")], check=True, capture_output=True)
+
+
+def summaries(log_dir):
+    out = {}
+    for f in glob.glob(os.path.join(log_dir, "rank-*.log")):
+        for line in open(f):
+            if line.startswith("@edit-summary "):
+                s = json.loads(line[14:])
+                out[s["rank"]] = s
+    return out
+
+
+def progress(log_dir, rank=0):
+    rows = []
+    for line in open(os.path.join(log_dir, f"rank-{rank}.log")):
+        if line.startswith("@edit "):
+            rows.append(json.loads(line[6:]))
+    return rows
+
+
+def newest_ckpt(d):
+    return sorted(glob.glob(os.path.join(d, "ckpt", "step-*")))[-1]
+
+
+class EditRun(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="edit-run-test-")
+        self.d = self.tmp.name
+        make_data(self.d)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_mode(self, mode, shards):
+        logs = os.path.join(self.d, f"logs-{mode}-{shards}")
+        extra = [f"algorithm.mode={mode}", "checkpoint.keep=100"]
+        if mode == "a-edit":
+            extra.append("algorithm.syncSeconds=0.3")
+        if mode == "ddp":
+            extra.append("checkpoint.everySteps=8")
+        args = list(extra)
+        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", str(shards), "--log-dir", logs]
+                           + sum((["--set", s] for s in self.base_sets() + args), []),
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn("validation loss", p.stdout)  # the summary table's last line
+        return logs
+
+    def base_sets(self):
+        d = self.d
+        return ["model.preset=tiny", "model.dim=64", "model.heads=4", "model.ffnDim=176",
+                "model.layers=2", f"data.train={d}/train.bin", f"data.val={d}/val.bin",
+                "data.seqLen=32", "data.batchSize=4", "data.valBatches=4", "training.steps=48",
+                "training.lr=3e-3", "training.lrWarmupSteps=5", "training.logEvery=4",
+                "algorithm.warmupSteps=8", "algorithm.syncInterval=4",
+                "algorithm.penalty.anomalyWarmup=3", f"checkpoint.dir={d}/ckpt"]
+
+    def assert_trains(self, mode, shards):
+        logs = self.run_mode(mode, shards)
+        rows = progress(logs)
+        s = summaries(logs)
+        self.assertEqual(len(s), 4)
+        first = rows[0]["loss"]
+        self.assertLess(s[0]["val_loss"], first - 0.5, f"{mode}: loss did not fall ({first} -> {s[0]['val_loss']})")
+        self.assertTrue(math.isfinite(s[0]["val_loss"]))
+        # After the final sync every replica holds the same weights, bit for bit.
+        final = newest_ckpt(self.d)
+        files = [ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in range(4)]
+        for r in range(4):
+            peer = files[r % shards]
+            for k, v in files[r].items():
+                if k.endswith("/theta") or k.endswith("/outer"):
+                    self.assertEqual(v, peer[k], f"{mode}: rank {r} differs from rank {r % shards} in {k}")
+        if mode == "ddp":
+            # ddp: replicas identical at every checkpoint, not only at the end.
+            for step_dir in glob.glob(os.path.join(self.d, "ckpt", "step-*")):
+                fs = [ckpt.read(os.path.join(step_dir, f"rank-{r:05d}.ckpt")) for r in range(4)]
+                for r in range(shards, 4):
+                    for k, v in fs[r].items():
+                        if k.endswith("/theta"):
+                            self.assertEqual(v, fs[r % shards][k], f"{step_dir} rank {r} {k}")
+        else:
+            self.assertGreater(s[0]["sync_rounds"], 3)
+        return s
+
+
+def _mode_test(mode, shards):
+    def t(self):
+        self.assert_trains(mode, shards)
+    return t
+
+
+for _mode in ["ddp", "localsgd", "diloco", "edit", "a-edit"]:
+    for _shards in (1, 2):
+        setattr(EditRun, f"test_{_mode.replace('-', '_')}_M{4 // _shards}_N{_shards}", _mode_test(_mode, _shards))
+
+
+class Robustness(EditRun):
+    def test_aedit_tolerates_consistent_straggler(self):
+        # Rank 3 sleeps ~ its own step time every step: it makes fewer local steps per
+        # sync, the others more, and 20+ syncs complete without deadlock.
+        logs = os.path.join(self.d, "logs")
+        sets = self.base_sets() + ["algorithm.mode=a-edit", "algorithm.syncSeconds=0.25",
+                                   "training.steps=80", "debug.injectStepDelay.rank=3",
+                                   "debug.injectStepDelay.seconds=0.05"]
+        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs]
+                           + sum((["--set", s] for s in sets), []),
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+        s = summaries(logs)
+        self.assertGreaterEqual(s[0]["sync_rounds"], 20)
+        slow = s[3]["steps"] - 8
+        for r in range(3):
+            self.assertGreater(s[r]["steps"] - 8, slow, f"rank {r} steps {s[r]['steps']} vs slow {s[3]['steps']}")
+        self.assertEqual(len({s[r]["sync_rounds"] for r in range(4)}), 1)
+
+    def test_corrupt_replica_is_eliminated(self):
+        def go(anomaly):
+            logs = os.path.join(self.d, f"logs-{anomaly}")
+            sets = self.base_sets() + ["algorithm.mode=edit", "debug.corruptReplica.replica=1",
+                                       "debug.corruptReplica.atSync=8", "debug.corruptReplica.scale=20",
+                                       f"algorithm.penalty.anomaly={anomaly}",
+                                       "algorithm.penalty.clip=false", "algorithm.penalty.weighted=false",
+                                       f"checkpoint.dir={self.d}/ck-{anomaly}"]
+            p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs]
+                               + sum((["--set", s] for s in sets), []),
+                               capture_output=True, text=True, timeout=600)
+            self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+            return summaries(logs)
+        on, off = go("true"), go("false")
+        self.assertGreater(on[1]["anomalies"], 0)          # the corrupted replica is flagged
+        self.assertEqual(on[0]["anomalies"], 0)            # the healthy ones are not
+        self.assertTrue(math.isfinite(on[0]["val_loss"]))
+        self.assertLess(on[0]["val_loss"], off[0]["val_loss"])  # without the penalty the loss jumps
+
+    def test_sigterm_checkpoints_and_rerun_resumes(self):
+        sets = self.base_sets() + ["algorithm.mode=edit", "training.steps=400"]
+        args = [EDIT_RUN, "--nproc", "4"] + sum((["--set", s] for s in sets), [])
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in p.stdout:
+            if line.startswith("step") and int(line.split()[1].split("/")[0]) >= 20:
+                break
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=300)
+        self.assertNotEqual(p.returncode, 0)
+        steps = sorted(glob.glob(os.path.join(self.d, "ckpt", "step-*", "MANIFEST")))
+        self.assertTrue(steps, "no checkpoint after SIGTERM:\n" + out[-2000:])
+        saved = int(os.path.basename(os.path.dirname(steps[-1]))[5:])
+        self.assertGreater(saved, 8)
+        logs = os.path.join(self.d, "logs")
+        p2 = subprocess.run(args[:3] + ["--log-dir", logs] + args[3:] + ["--set", "training.steps=60"],
+                            capture_output=True, text=True, timeout=600)
+        self.assertEqual(p2.returncode, 0, p2.stdout[-2000:] + p2.stderr[-2000:])
+        s = summaries(logs)
+        self.assertEqual(s[0]["resumed_from"], saved)
+        self.assertEqual(s[0]["steps"], 60)
+
+
+if __name__ == "__main__":
+    unittest.main()

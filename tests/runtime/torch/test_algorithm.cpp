@@ -1,0 +1,176 @@
+// The EDiT math pieces against hand-computed values and LibTorch's own optimizers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "flat_units.h"
+#include "optim.h"
+#include "outer_sync.h"
+#include "penalty.h"
+
+using namespace edit;
+
+TEST(Ewma, MatchesHandComputedSequence) {
+  PenaltyConfig p;
+  p.emaAlpha = 0.5;
+  p.anomalyWarmup = 2;
+  p.zThreshold = 3;
+  EwmaDetector d;
+  EXPECT_FALSE(d.observe(1.0, p).anomaly);  // init: mean 1, var 0
+  EXPECT_DOUBLE_EQ(d.mean, 1.0);
+  EXPECT_DOUBLE_EQ(d.var, 0.0);
+  EXPECT_FALSE(d.observe(3.0, p).anomaly);  // d=2, mean=2, var=0.5*(0+0.5*2*1)=0.5
+  EXPECT_DOUBLE_EQ(d.mean, 2.0);
+  EXPECT_DOUBLE_EQ(d.var, 0.5);
+  // z = (2.5-2)/sqrt(0.5) = 0.707: normal. d=0.5 mean=2.25 var=0.5*(0.5+0.5*0.5*0.25)=0.28125
+  auto v = d.observe(2.5, p);
+  EXPECT_FALSE(v.anomaly);
+  EXPECT_NEAR(v.z, 0.5 / std::sqrt(0.5), 1e-12);
+  EXPECT_DOUBLE_EQ(d.var, 0.28125);
+  // A spike: z = (10-2.25)/sqrt(0.28125) = 14.6 > 3 → anomaly, statistics unchanged.
+  v = d.observe(10.0, p);
+  EXPECT_TRUE(v.anomaly);
+  EXPECT_NEAR(v.z, 7.75 / std::sqrt(0.28125), 1e-9);
+  EXPECT_DOUBLE_EQ(d.mean, 2.25);
+  EXPECT_EQ(d.count, 3);
+  // One-sided: a tiny norm is not an anomaly.
+  EXPECT_FALSE(d.observe(0.0, p).anomaly);
+  EXPECT_TRUE(d.observe(std::numeric_limits<double>::quiet_NaN(), p).anomaly);
+}
+
+TEST(Ewma, NoVerdictDuringWarmupOrWhenDisabled) {
+  PenaltyConfig p;
+  p.anomalyWarmup = 10;
+  EwmaDetector d;
+  for (int i = 0; i < 5; ++i) d.observe(1.0 + 0.01 * i, p);
+  EXPECT_FALSE(d.observe(1000.0, p).anomaly);
+  p.anomaly = false;
+  p.anomalyWarmup = 0;
+  EwmaDetector e;
+  for (int i = 0; i < 5; ++i) e.observe(1.0 + 0.01 * i, p);
+  EXPECT_FALSE(e.observe(1000.0, p).anomaly);
+}
+
+TEST(Weights, SoftmaxOfNegativeNorms) {
+  PenaltyConfig p;
+  p.temperature = 2.0;
+  auto w = replicaWeights({1.0, 2.0, 4.0}, {}, p, true, false);
+  const double e1 = std::exp(-0.5), e2 = std::exp(-1.0), e4 = std::exp(-2.0), z = e1 + e2 + e4;
+  EXPECT_NEAR(w[0], e1 / z, 1e-12);
+  EXPECT_NEAR(w[1], e2 / z, 1e-12);
+  EXPECT_NEAR(w[2], e4 / z, 1e-12);
+}
+
+TEST(Weights, AnomalousReplicaGetsZeroAndUniformWhenUnweighted) {
+  PenaltyConfig p;
+  const double inf = std::numeric_limits<double>::infinity();
+  auto w = replicaWeights({1.0, inf, 1.0, 3.0}, {}, p, false, false);
+  EXPECT_DOUBLE_EQ(w[1], 0.0);
+  EXPECT_DOUBLE_EQ(w[0], 1.0 / 3);
+  EXPECT_DOUBLE_EQ(w[3], 1.0 / 3);
+  auto none = replicaWeights({inf, inf}, {}, p, true, false);
+  EXPECT_DOUBLE_EQ(none[0] + none[1], 0.0);
+  // Huge norms must not underflow to 0/0.
+  auto big = replicaWeights({1000.0, 1001.0}, {}, p, true, false);
+  EXPECT_NEAR(big[0], 1 / (1 + std::exp(-1.0)), 1e-12);
+}
+
+TEST(Weights, StepShareBlendsFreshWork) {
+  PenaltyConfig p;
+  p.stepShare = 0.5;
+  // Equal norms: softmax 1/2 each; steps 3 and 1: shares 3/4, 1/4 → 0.625, 0.375.
+  auto w = replicaWeights({2.0, 2.0}, {3.0, 1.0}, p, true, true);
+  EXPECT_NEAR(w[0], 0.625, 1e-12);
+  EXPECT_NEAR(w[1], 0.375, 1e-12);
+}
+
+TEST(Clip, ScaleFactor) {
+  EXPECT_DOUBLE_EQ(clipScale(5.0, 10.0), 1.0);
+  EXPECT_NEAR(clipScale(20.0, 10.0), 10.0 / (20.0 + 1e-6), 1e-15);
+}
+
+TEST(OuterStep, MatchesTorchSgdNesterov) {
+  for (bool nesterov : {true, false}) {
+    auto p = torch::randn({10});
+    auto mom = torch::zeros({10});
+    auto ref = p.clone().requires_grad_(true);
+    torch::optim::SGD sgd({ref}, torch::optim::SGDOptions(0.7).momentum(0.8).nesterov(nesterov));
+    for (int i = 0; i < 5; ++i) {
+      auto g = torch::randn({10});
+      outerStep(p, mom, g, 0.7, 0.8, nesterov);
+      ref.mutable_grad() = g.clone();
+      sgd.step();
+      ASSERT_TRUE(torch::allclose(p, ref.detach(), 1e-6, 1e-6)) << "nesterov=" << nesterov << " i=" << i;
+    }
+  }
+}
+
+TEST(ShardedAdamW, MatchesTorchAdamWOnTheSameSlices) {
+  TrainingConfig c;
+  c.weightDecay = 0.1;
+  ModelShape s{16, 8, 1, 2, 12, 10000.0, 1e-5, 0.02};
+  for (int shards : {1, 3}) {
+    for (int shard = 0; shard < shards; ++shard) {
+      auto units = buildUnits(s, shards, shard, 5);
+      ShardedAdamW opt(c, units);
+      // Reference: each unit's slice as two parameters (decay / no decay) split by mask.
+      std::vector<torch::Tensor> dec, nodec, masks;
+      for (auto& u : units) {
+        auto m = u.decayMask.to(torch::kBool);
+        masks.push_back(m);
+        dec.push_back(u.shardView.masked_select(m).clone().requires_grad_(true));
+        nodec.push_back(u.shardView.masked_select(~m).clone().requires_grad_(true));
+      }
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      groups.emplace_back(dec, std::make_unique<torch::optim::AdamWOptions>(
+                                   torch::optim::AdamWOptions(1e-2).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(0.1)));
+      groups.emplace_back(nodec, std::make_unique<torch::optim::AdamWOptions>(
+                                     torch::optim::AdamWOptions(1e-2).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(0)));
+      torch::optim::AdamW ref(groups, torch::optim::AdamWOptions(1e-2));
+      for (int step = 0; step < 4; ++step) {
+        for (size_t i = 0; i < units.size(); ++i) {
+          auto g = torch::randn({units[i].chunk});
+          units[i].gradShard.copy_(g);
+          dec[i].mutable_grad() = g.masked_select(masks[i]);
+          nodec[i].mutable_grad() = g.masked_select(~masks[i]);
+        }
+        opt.step(units, 1e-2);
+        ref.step();
+      }
+      for (size_t i = 0; i < units.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(units[i].shardView.masked_select(masks[i]), dec[i].detach(), 1e-5, 1e-6));
+        EXPECT_TRUE(torch::allclose(units[i].shardView.masked_select(~masks[i]), nodec[i].detach(), 1e-5, 1e-6));
+      }
+    }
+  }
+}
+
+TEST(LearningRate, WarmupThenCosine) {
+  TrainingConfig c;
+  c.lr = 1.0;
+  c.minLr = 0.1;
+  c.lrWarmupSteps = 10;
+  EXPECT_DOUBLE_EQ(learningRate(c, 0, 110), 0.1);
+  EXPECT_DOUBLE_EQ(learningRate(c, 9, 110), 1.0);
+  EXPECT_NEAR(learningRate(c, 10, 110), 1.0, 1e-12);
+  EXPECT_NEAR(learningRate(c, 60, 110), 0.55, 1e-12);
+  EXPECT_NEAR(learningRate(c, 110, 110), 0.1, 1e-12);
+}
+
+TEST(FlatUnits, ParametersAreViewsOfTheFlatBuffers) {
+  ModelShape s{16, 8, 1, 2, 12, 10000.0, 1e-5, 0.02};
+  auto units = buildUnits(s, 2, 1, 3);
+  auto& u = units[1];
+  EXPECT_EQ(u.padded % 2, 0);
+  {
+    torch::NoGradGuard ng;
+    u.full.fill_(0.5);
+  }
+  for (auto& p : u.params) EXPECT_TRUE(torch::all(p == 0.5).item<bool>());
+  EXPECT_EQ(u.shardView.data_ptr<float>(), u.full.data_ptr<float>() + u.chunk);
+  // Gradients accumulate into the flat grad buffer.
+  (u.params[1].sum() * 2).backward();
+  EXPECT_DOUBLE_EQ(u.grad.narrow(0, u.layout.params[1].offset, u.layout.params[1].numel).sum().item<double>(),
+                   2.0 * u.layout.params[1].numel);
+}

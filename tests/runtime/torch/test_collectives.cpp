@@ -1,0 +1,89 @@
+// Collectives of the mesh, on W threads over loopback Gloo.
+#include <gtest/gtest.h>
+
+#include "comm.h"
+#include "test_util.h"
+
+using namespace edit;
+
+TEST(Collectives, RingReduceScatterMatchesSum) {
+  for (int N : {2, 3, 4}) {
+    const int port = test::freePort();
+    const int64_t chunk = 5;
+    std::vector<torch::Tensor> inputs, outputs(N);
+    for (int r = 0; r < N; ++r) inputs.push_back(torch::randn({N * chunk}));
+    auto sum = torch::stack(inputs).sum(0);
+    test::runRanks(N, [&](int r) {
+      Comm comm(test::meshFor(r, 1, N, port));
+      auto buf = inputs[r].clone();
+      comm.reduceScatterSum(Group::Shard, buf);
+      outputs[r] = buf.narrow(0, r * chunk, chunk).clone();
+      auto c = comm.counters();
+      EXPECT_EQ(c.at({"reduce_scatter", "shard"}).bytes, static_cast<uint64_t>((N - 1) * chunk * 4));
+    });
+    for (int r = 0; r < N; ++r)
+      EXPECT_TRUE(torch::allclose(outputs[r], sum.narrow(0, r * chunk, chunk), 1e-5, 1e-6)) << N << " " << r;
+  }
+}
+
+TEST(Collectives, GroupsFollowTheMesh) {
+  // M=2 replicas x N=2 shards: shard group = same replica, sync group = same shard.
+  const int port = test::freePort();
+  std::vector<double> shardSum(4), syncSum(4), worldSum(4);
+  test::runRanks(4, [&](int r) {
+    Comm comm(test::meshFor(r, 2, 2, port));
+    EXPECT_EQ(comm.replica(), r / 2);
+    EXPECT_EQ(comm.shard(), r % 2);
+    auto a = torch::full({1}, static_cast<double>(r), torch::kFloat64), b = a.clone(), c = a.clone();
+    comm.allreduce(Group::Shard, a);
+    comm.allreduce(Group::Sync, b);
+    comm.allreduce(Group::World, c);
+    shardSum[r] = a.item<double>();
+    syncSum[r] = b.item<double>();
+    worldSum[r] = c.item<double>();
+  });
+  EXPECT_EQ(shardSum, (std::vector<double>{1, 1, 5, 5}));
+  EXPECT_EQ(syncSum, (std::vector<double>{2, 4, 2, 4}));
+  EXPECT_EQ(worldSum, (std::vector<double>{6, 6, 6, 6}));
+}
+
+TEST(Collectives, CommStreamRunsTasksInOrderAndCountsWaits) {
+  const int port = test::freePort();
+  test::runRanks(2, [&](int r) {
+    Comm comm(test::meshFor(r, 1, 2, port));
+    CommStream stream(comm);
+    std::vector<int> order;
+    std::vector<std::shared_future<void>> fs;
+    for (int i = 0; i < 5; ++i)
+      fs.push_back(stream.enqueue([&, i] {
+        auto t = torch::ones({4});
+        comm.allreduce(Group::Shard, t);
+        EXPECT_EQ(t[0].item<float>(), 2.0f);
+        order.push_back(i);
+      }));
+    for (auto& f : fs) stream.wait(f, Group::Shard, "allreduce");
+    EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+    EXPECT_EQ(comm.counters().at({"allreduce", "shard"}).calls, 5u);
+  });
+}
+
+TEST(Mesh, EnvironmentErrorsNameTheVariable) {
+  ::setenv("RANK", "5", 1);
+  ::setenv("WORLD_SIZE", "4", 1);
+  EXPECT_THROW(
+      {
+        try {
+          MeshSpec::fromEnvironment();
+        } catch (const std::runtime_error& e) {
+          EXPECT_NE(std::string(e.what()).find("RANK"), std::string::npos);
+          throw;
+        }
+      },
+      std::runtime_error);
+  ::setenv("RANK", "1", 1);
+  ::setenv("EDIT_SHARDS", "3", 1);
+  EXPECT_THROW(MeshSpec::fromEnvironment(), std::runtime_error);
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  ::unsetenv("EDIT_SHARDS");
+}

@@ -1,0 +1,88 @@
+// Resume: K steps, stop (checkpoint), resume to 2K equals 2K straight; a corrupt newest
+// checkpoint is skipped in favour of the previous good one.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint.h"
+#include "test_util.h"
+#include "trainer.h"
+
+using namespace edit;
+
+namespace {
+std::vector<std::vector<torch::Tensor>> train(const Config& c, int M, int N,
+                                               std::function<void(Trainer&, const StepReport&)> onStep,
+                                               std::vector<TrainResult>* results = nullptr) {
+  const int port = test::freePort();
+  std::vector<std::vector<torch::Tensor>> out(M * N);
+  std::vector<TrainResult> res(M * N);
+  test::runRanks(M * N, [&](int r) {
+    TrainerHooks h;
+    Trainer* self = nullptr;
+    if (onStep) h.onStep = [&](const StepReport& rep) { onStep(*self, rep); };
+    Trainer tr(c, test::meshFor(r, M, N, port), h);
+    self = &tr;
+    res[r] = tr.run();
+    for (auto& u : tr.units()) out[r].push_back(u.shardView.clone());
+  });
+  if (results) *results = res;
+  return out;
+}
+}  // namespace
+
+TEST(Resume, StopAndResumeEqualsStraightRun) {
+  at::set_num_threads(1);
+  const auto dir = test::tempDir("edit-resume");
+  auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 3));
+  c.training.steps = 16;
+  c.algorithm.mode = "edit";
+  const auto straight = train(c, 2, 2, nullptr);
+
+  c.checkpoint.dir = dir + "/ckpt";
+  std::vector<TrainResult> first, second;
+  // Ask for a stop after step 7: acted on at the next sync boundary (step 9).
+  train(c, 2, 2, [](Trainer& t, const StepReport& r) { if (r.step == 7) t.requestStop(); }, &first);
+  for (auto& r : first) {
+    EXPECT_TRUE(r.stopped);
+    EXPECT_EQ(r.steps, 9);
+  }
+  const auto resumed = train(c, 2, 2, nullptr, &second);
+  for (auto& r : second) {
+    EXPECT_EQ(r.resumedFrom, 9);
+    EXPECT_EQ(r.steps, 16);
+  }
+  for (size_t r = 0; r < straight.size(); ++r)
+    for (size_t u = 0; u < straight[r].size(); ++u)
+      EXPECT_TRUE(torch::allclose(resumed[r][u], straight[r][u], 1e-6, 1e-7)) << r << " " << u;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Resume, CorruptNewestCheckpointFallsBackToPrevious) {
+  at::set_num_threads(1);
+  const auto dir = test::tempDir("edit-corrupt");
+  auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 4));
+  c.algorithm.mode = "ddp";
+  c.training.steps = 10;
+  c.checkpoint.dir = dir + "/ckpt";
+  c.checkpoint.everySteps = 4;
+  c.checkpoint.keep = 5;
+  train(c, 2, 1, nullptr);
+  EXPECT_EQ(completeCheckpointSteps(c.checkpoint.dir), (std::vector<int64_t>{10, 8, 4}));
+  // Flip a byte in rank 1's file of the newest checkpoint.
+  const auto bad = rankFileName(stepDirName(c.checkpoint.dir, 10), 1);
+  {
+    std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  c.training.steps = 12;
+  std::vector<TrainResult> res;
+  train(c, 2, 1, nullptr, &res);
+  for (auto& r : res) {
+    EXPECT_EQ(r.resumedFrom, 8);
+    EXPECT_EQ(r.steps, 12);
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,118 @@
+// Helpers for the in-process multi-rank tests: W ranks as W threads, each with its own
+// TCPStore client and Gloo process groups over loopback.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm.h"
+#include "config.h"
+#include "data.h"
+
+namespace edit::test {
+
+inline int freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int p = ntohs(a.sin_port);
+  ::close(fd);
+  return p;
+}
+
+inline MeshSpec meshFor(int rank, int M, int N, int port) {
+  MeshSpec m;
+  m.rank = rank;
+  m.world = M * N;
+  m.replicas = M;
+  m.shards = N;
+  m.masterAddr = "127.0.0.1";
+  m.masterPort = port;
+  m.bindAddr = "127.0.0.1";
+  m.timeoutSeconds = 60;
+  return m;
+}
+
+// Runs fn(rank) on W threads; rethrows the first exception.
+inline void runRanks(int W, const std::function<void(int)>& fn) {
+  std::vector<std::thread> ts;
+  std::vector<std::exception_ptr> errs(W);
+  for (int r = 0; r < W; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errs[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
+inline std::string tempDir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() /
+           (name + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+// A token file with learnable structure: repeated short random "words".
+inline std::string makeTokenFile(const std::string& dir, int64_t vocab, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<uint32_t>> words(32);
+  for (auto& w : words) {
+    w.resize(2 + rng() % 5);
+    for (auto& t : w) t = static_cast<uint32_t>(rng() % vocab);
+  }
+  std::vector<uint32_t> toks;
+  while (toks.size() < n) {
+    const auto& w = words[rng() % words.size()];
+    toks.insert(toks.end(), w.begin(), w.end());
+  }
+  toks.resize(n);
+  const std::string path = dir + "/tokens.bin";
+  data::writeTokenFile(path, toks, data::TokenFormat::LlmcU16);
+  return path;
+}
+
+// A very small model and run, fast enough for unit tests.
+inline Config smallConfig(const std::string& dataPath) {
+  Config c;
+  c.model.preset = "custom";
+  c.model.vocabSize = 64;
+  c.model.dim = 32;
+  c.model.layers = 2;
+  c.model.heads = 2;
+  c.model.ffnDim = 64;
+  c.data.train = dataPath;
+  c.data.val = "";
+  c.data.seqLen = 16;
+  c.data.batchSize = 2;
+  c.training.steps = 12;
+  c.training.lr = 1e-2;
+  c.training.minLr = 1e-3;
+  c.training.lrWarmupSteps = 2;
+  c.training.logEvery = 1000;
+  c.algorithm.warmupSteps = 3;
+  c.algorithm.syncInterval = 3;
+  c.algorithm.penalty.anomalyWarmup = 2;
+  c.runtime.collectiveTimeoutSeconds = 60;
+  return c;
+}
+
+}  // namespace edit::test

@@ -354,6 +354,16 @@ TrainResult Trainer::run() {
                t % cfg_.checkpoint.everySteps == 0 && t != lastCheckpointId_) {
       saveCheckpoint(t);
     }
+    if (finalRound) {
+      // A-EDiT's budget is spent: end on this synchronization, with no local step after it.
+      StepOutcome out;
+      syncWholeModel(out);
+      ++syncRounds_;
+      anomalies_ += out.anomalies;
+      lastPseudoGradNorm_ = std::sqrt(out.pseudoGradNormSq);
+      stepsSinceSync_ = 0;
+      break;
+    }
     injectDelay(t);
     if (sync) corruptIfAsked();
 
@@ -369,7 +379,6 @@ TrainResult Trainer::run() {
       anomalies_ += out.anomalies;
     }
     if (isLocalMode() && !synchronousAt(t)) ++stepsSinceSync_;
-    if (finalRound) done_ = true;
 
     if (cfg_.data.valEvery > 0 && step_ % cfg_.data.valEvery == 0 && !aedit)
       log("step " + std::to_string(step_) + " replica " + std::to_string(comm_->replica()) +

@@ -170,6 +170,10 @@ void progressLine(const std::vector<Worker>& ws) {
     syncs = std::max<uint64_t>(syncs, j["sync_rounds"].get<uint64_t>());
     if (w.rank == 0) phase = j["phase"].get<std::string>();
   }
+  // Workers report at different moments; print once per step the slowest one reached.
+  static int64_t lastPrinted = -1;
+  if (step <= lastPrinted) return;
+  lastPrinted = step;
   char line[256];
   std::snprintf(line, sizeof(line),
                 "step %5lld/%-5lld  loss %.4f  %s tok/s  sync rounds %llu  anomalies %llu  [%s]",
@@ -219,7 +223,7 @@ void handleLine(Worker& w, const std::string& line, bool isErr, std::vector<Work
     w.summary = json::parse(line.substr(14), nullptr, false);
   } else if (line.rfind("@edit ", 0) == 0) {
     w.last = json::parse(line.substr(6), nullptr, false);
-    if (!quiet && w.rank == 0) progressLine(ws);
+    if (!quiet) progressLine(ws);
   } else {
     std::cout << "[rank " << w.rank << "] " << line << "\n";
   }

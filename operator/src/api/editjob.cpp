@@ -1,0 +1,211 @@
+#include "api/editjob.h"
+
+#include <regex>
+
+namespace edit::op::api {
+namespace {
+
+using nlohmann::json;
+
+const json* field(const json& obj, const char* key) {
+  if (!obj.is_object()) return nullptr;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+long getInt(const json& obj, const char* key, long def, const std::string& path) {
+  const json* v = field(obj, key);
+  if (!v) return def;
+  if (v->is_number_integer() || v->is_number_unsigned()) return v->get<long>();
+  if (v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<long>(v->get<double>())))
+    return static_cast<long>(v->get<double>());
+  throw SpecError(path + "." + key, "must be an integer");
+}
+
+double getNumber(const json& obj, const char* key, double def, const std::string& path) {
+  const json* v = field(obj, key);
+  if (!v) return def;
+  if (!v->is_number()) throw SpecError(path + "." + key, "must be a number");
+  return v->get<double>();
+}
+
+std::string getString(const json& obj, const char* key, const std::string& def, const std::string& path) {
+  const json* v = field(obj, key);
+  if (!v) return def;
+  if (!v->is_string()) throw SpecError(path + "." + key, "must be a string");
+  return v->get<std::string>();
+}
+
+bool getBool(const json& obj, const char* key, bool def, const std::string& path) {
+  const json* v = field(obj, key);
+  if (!v) return def;
+  if (!v->is_boolean()) throw SpecError(path + "." + key, "must be a boolean");
+  return v->get<bool>();
+}
+
+json getObject(const json& obj, const char* key, const std::string& path) {
+  const json* v = field(obj, key);
+  if (!v) return json::object();
+  if (!v->is_object()) throw SpecError(path + "." + key, "must be an object");
+  return *v;
+}
+
+json getArray(const json& obj, const char* key, const std::string& path) {
+  const json* v = field(obj, key);
+  if (!v) return json::array();
+  if (!v->is_array()) throw SpecError(path + "." + key, "must be an array");
+  return *v;
+}
+
+std::vector<std::string> getStrings(const json& obj, const char* key, std::vector<std::string> def,
+                                    const std::string& path) {
+  const json* v = field(obj, key);
+  if (!v) return def;
+  if (!v->is_array()) throw SpecError(path + "." + key, "must be an array of strings");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < v->size(); ++i) {
+    if (!(*v)[i].is_string())
+      throw SpecError(path + "." + key + "[" + std::to_string(i) + "]", "must be a string");
+    out.push_back((*v)[i].get<std::string>());
+  }
+  return out;
+}
+
+void require(bool ok, const std::string& fieldPath, const std::string& problem) {
+  if (!ok) throw SpecError(fieldPath, problem);
+}
+
+void requireOneOf(const std::string& value, std::initializer_list<const char*> allowed, const std::string& fieldPath) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return;
+    list += list.empty() ? a : std::string(", ") + a;
+  }
+  throw SpecError(fieldPath, "must be one of " + list + ", got '" + value + "'");
+}
+
+RunPolicy parseRunPolicy(const json& spec) {
+  RunPolicy rp;
+  json o = getObject(spec, "runPolicy", "spec");
+  const std::string p = "spec.runPolicy";
+  rp.backoffLimit = static_cast<int>(getInt(o, "backoffLimit", rp.backoffLimit, p));
+  require(rp.backoffLimit >= 0, p + ".backoffLimit", "must be >= 0");
+  if (field(o, "activeDeadlineSeconds")) {
+    rp.activeDeadlineSeconds = getInt(o, "activeDeadlineSeconds", 0, p);
+    require(*rp.activeDeadlineSeconds >= 1, p + ".activeDeadlineSeconds", "must be >= 1");
+  }
+  if (field(o, "ttlSecondsAfterFinished")) {
+    rp.ttlSecondsAfterFinished = getInt(o, "ttlSecondsAfterFinished", 0, p);
+    require(*rp.ttlSecondsAfterFinished >= 0, p + ".ttlSecondsAfterFinished", "must be >= 0");
+  }
+  rp.cleanPodPolicy = getString(o, "cleanPodPolicy", rp.cleanPodPolicy, p);
+  requireOneOf(rp.cleanPodPolicy, {"All", "Running", "None"}, p + ".cleanPodPolicy");
+  rp.suspend = getBool(o, "suspend", false, p);
+  return rp;
+}
+
+StragglerPolicy parseStragglerPolicy(const json& spec) {
+  StragglerPolicy sp;
+  json o = getObject(spec, "stragglerPolicy", "spec");
+  const std::string p = "spec.stragglerPolicy";
+  sp.threshold = getNumber(o, "threshold", sp.threshold, p);
+  require(sp.threshold >= 1.0 && sp.threshold <= 100, p + ".threshold", "must be in [1, 100] (a ratio to the job median)");
+  sp.windowSteps = static_cast<int>(getInt(o, "windowSteps", sp.windowSteps, p));
+  require(sp.windowSteps >= 1 && sp.windowSteps <= 10000, p + ".windowSteps", "must be in [1, 10000]");
+  sp.action = getString(o, "action", sp.action, p);
+  requireOneOf(sp.action, {"Report", "Replace"}, p + ".action");
+  sp.minReports = static_cast<int>(getInt(o, "minReports", std::min(sp.minReports, sp.windowSteps), p));
+  require(sp.minReports >= 1, p + ".minReports", "must be >= 1");
+  return sp;
+}
+
+void validateWorkerSections(const EDiTJobSpec& s) {
+  if (auto* mode = field(s.algorithm, "mode")) {
+    require(mode->is_string(), "spec.algorithm.mode", "must be a string");
+    requireOneOf(mode->get<std::string>(), {"edit", "a-edit", "diloco", "localsgd", "ddp"}, "spec.algorithm.mode");
+  }
+  if (field(s.algorithm, "syncInterval"))
+    require(getInt(s.algorithm, "syncInterval", 1, "spec.algorithm") >= 1, "spec.algorithm.syncInterval", "must be >= 1");
+  if (field(s.training, "steps"))
+    require(getInt(s.training, "steps", 1, "spec.training") >= 0, "spec.training.steps", "must be >= 0");
+  for (const char* key : {"seqLen", "batchSize"})
+    if (field(s.data, key))
+      require(getInt(s.data, key, 1, "spec.data") >= 1, std::string("spec.data.") + key, "must be >= 1");
+  if (field(s.checkpoint, "everySteps"))
+    require(getInt(s.checkpoint, "everySteps", 0, "spec.checkpoint") >= 0, "spec.checkpoint.everySteps", "must be >= 0");
+}
+
+}  // namespace
+
+JobMeta parseMeta(const json& obj) {
+  JobMeta m;
+  const json md = obj.value("metadata", json::object());
+  m.name = md.value("name", "");
+  m.ns = md.value("namespace", "");
+  m.uid = md.value("uid", "");
+  m.generation = md.value("generation", 0L);
+  m.resourceVersion = md.value("resourceVersion", "");
+  m.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
+  return m;
+}
+
+void validateName(const std::string& name, int worldSize) {
+  static const std::regex dns1035("[a-z]([-a-z0-9]*[a-z0-9])?");
+  require(std::regex_match(name, dns1035), "metadata.name",
+          "must be a DNS-1035 label (lower case letters, digits, '-', starting with a letter)");
+  std::string longestPod = name + "-worker-" + std::to_string(std::max(0, worldSize - 1));
+  require(longestPod.size() <= 63, "metadata.name",
+          "too long: pod hostname '" + longestPod + "' would exceed 63 characters");
+}
+
+EDiTJobSpec parseSpec(const json& obj) {
+  const json* specPtr = field(obj, "spec");
+  if (!specPtr || !specPtr->is_object()) throw SpecError("spec", "is required and must be an object");
+  const json& spec = *specPtr;
+  const std::string p = "spec";
+  EDiTJobSpec s;
+  s.replicas = static_cast<int>(getInt(spec, "replicas", s.replicas, p));
+  require(s.replicas >= 1 && s.replicas <= 4096, "spec.replicas", "must be in [1, 4096]");
+  s.shardsPerReplica = static_cast<int>(getInt(spec, "shardsPerReplica", s.shardsPerReplica, p));
+  require(s.shardsPerReplica >= 1 && s.shardsPerReplica <= 1024, "spec.shardsPerReplica", "must be in [1, 1024]");
+  require(s.worldSize() <= 16384, "spec.replicas", "replicas * shardsPerReplica must be <= 16384");
+  s.gpusPerWorker = static_cast<int>(getInt(spec, "gpusPerWorker", 0, p));
+  require(s.gpusPerWorker >= 0 && s.gpusPerWorker <= 64, "spec.gpusPerWorker", "must be in [0, 64]");
+  s.image = getString(spec, "image", "", p);
+  require(!s.image.empty(), "spec.image", "is required");
+  s.imagePullPolicy = getString(spec, "imagePullPolicy", "", p);
+  if (!s.imagePullPolicy.empty())
+    requireOneOf(s.imagePullPolicy, {"Always", "IfNotPresent", "Never"}, "spec.imagePullPolicy");
+  s.command = getStrings(spec, "command", s.command, p);
+  require(!s.command.empty(), "spec.command", "must not be empty");
+  s.args = getStrings(spec, "args", {}, p);
+  s.resources = getObject(spec, "resources", p);
+  s.env = getArray(spec, "env", p);
+  for (size_t i = 0; i < s.env.size(); ++i)
+    require(s.env[i].is_object() && s.env[i].contains("name") && s.env[i]["name"].is_string(),
+            "spec.env[" + std::to_string(i) + "].name", "is required");
+  s.nodeSelector = getObject(spec, "nodeSelector", p);
+  s.tolerations = getArray(spec, "tolerations", p);
+  s.priorityClassName = getString(spec, "priorityClassName", "", p);
+  s.schedulerName = getString(spec, "schedulerName", "", p);
+  s.serviceAccountName = getString(spec, "serviceAccountName", "", p);
+  s.volumes = getArray(spec, "volumes", p);
+  s.volumeMounts = getArray(spec, "volumeMounts", p);
+  s.masterPort = static_cast<int>(getInt(spec, "masterPort", s.masterPort, p));
+  require(s.masterPort >= 1 && s.masterPort <= 65535, "spec.masterPort", "must be in [1, 65535]");
+  s.hangTimeoutSeconds = getInt(spec, "hangTimeoutSeconds", s.hangTimeoutSeconds, p);
+  require(s.hangTimeoutSeconds >= 0, "spec.hangTimeoutSeconds", "must be >= 0 (0 disables)");
+  s.model = getObject(spec, "model", p);
+  s.data = getObject(spec, "data", p);
+  s.training = getObject(spec, "training", p);
+  s.algorithm = getObject(spec, "algorithm", p);
+  s.checkpoint = getObject(spec, "checkpoint", p);
+  s.debug = getObject(spec, "debug", p);
+  validateWorkerSections(s);
+  s.runPolicy = parseRunPolicy(spec);
+  s.stragglerPolicy = parseStragglerPolicy(spec);
+  return s;
+}
+
+}  // namespace edit::op::api

@@ -1,0 +1,96 @@
+// EDiTJob (edit.io/v1alpha1) as the operator sees it: typed spec with defaults, parsed
+// from the object's JSON and validated again here (the CRD schema may be missing or
+// older than this binary). Errors name the field, e.g. "spec.replicas: must be >= 1".
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace edit::op::api {
+
+inline constexpr const char* kGroup = "edit.io";
+inline constexpr const char* kVersion = "v1alpha1";
+inline constexpr const char* kApiVersion = "edit.io/v1alpha1";
+inline constexpr const char* kKind = "EDiTJob";
+inline constexpr const char* kPlural = "editjobs";
+
+// Thrown by parseSpec; field() is the JSON path of the offending field.
+class SpecError : public std::runtime_error {
+ public:
+  SpecError(std::string field, const std::string& problem)
+      : std::runtime_error(field + ": " + problem), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
+
+struct RunPolicy {
+  int backoffLimit = 3;                          // gang restarts allowed before Failed
+  std::optional<long> activeDeadlineSeconds;     // from startTime
+  std::optional<long> ttlSecondsAfterFinished;   // delete the job this long after finishing
+  std::string cleanPodPolicy = "Running";        // All | Running | None
+  bool suspend = false;
+};
+
+struct StragglerPolicy {
+  double threshold = 1.5;        // score = mean step time / job median of means
+  int windowSteps = 20;          // reports per rank in the mean
+  std::string action = "Report"; // Report | Replace
+  int minReports = 5;            // a rank needs this many reports before it is scored
+};
+
+struct EDiTJobSpec {
+  int replicas = 1;              // M
+  int shardsPerReplica = 1;      // N
+  int gpusPerWorker = 0;
+  std::string image;
+  std::string imagePullPolicy;
+  std::vector<std::string> command{"edit-train"};
+  std::vector<std::string> args;
+  nlohmann::json resources = nlohmann::json::object();
+  nlohmann::json env = nlohmann::json::array();
+  nlohmann::json nodeSelector = nlohmann::json::object();
+  nlohmann::json tolerations = nlohmann::json::array();
+  std::string priorityClassName;
+  std::string schedulerName;
+  std::string serviceAccountName;
+  nlohmann::json volumes = nlohmann::json::array();
+  nlohmann::json volumeMounts = nlohmann::json::array();
+  int masterPort = 29500;
+  long hangTimeoutSeconds = 300;  // 0 disables hang detection
+  // Worker configuration sections, copied through to the worker's YAML config.
+  nlohmann::json model = nlohmann::json::object();
+  nlohmann::json data = nlohmann::json::object();
+  nlohmann::json training = nlohmann::json::object();
+  nlohmann::json algorithm = nlohmann::json::object();
+  nlohmann::json checkpoint = nlohmann::json::object();
+  nlohmann::json debug = nlohmann::json::object();
+  RunPolicy runPolicy;
+  StragglerPolicy stragglerPolicy;
+
+  int worldSize() const { return replicas * shardsPerReplica; }
+};
+
+// The parts of the object's metadata the controller needs.
+struct JobMeta {
+  std::string name;
+  std::string ns;
+  std::string uid;
+  long generation = 0;
+  std::string resourceVersion;
+  bool deleting = false;
+};
+
+JobMeta parseMeta(const nlohmann::json& obj);
+
+// Parses and validates obj["spec"]; throws SpecError naming the first bad field.
+EDiTJobSpec parseSpec(const nlohmann::json& obj);
+
+// Checks that only the object's name keeps derived names valid (pod hostnames <= 63).
+void validateName(const std::string& name, int worldSize);
+
+}  // namespace edit::op::api

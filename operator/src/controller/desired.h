@@ -1,0 +1,59 @@
+// The objects an EDiTJob should own, derived purely from the job (no API calls):
+// worker config (ConfigMap), telemetry token (Secret), headless Service, PodGroup and
+// one Pod per rank. Kept pure so that tests can check every field.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "api/editjob.h"
+
+namespace edit::op::controller {
+
+using nlohmann::json;
+
+// Labels on everything the operator creates for a job.
+inline constexpr const char* kLabelJob = "edit.io/job-name";
+inline constexpr const char* kLabelRank = "edit.io/rank";
+inline constexpr const char* kLabelReplica = "edit.io/replica";
+inline constexpr const char* kLabelShard = "edit.io/shard";
+inline constexpr const char* kLabelGeneration = "edit.io/restart-generation";
+inline constexpr const char* kConfigKey = "config.yaml";
+inline constexpr const char* kTokenKey = "token";
+
+struct JobRef {
+  api::JobMeta meta;
+  api::EDiTJobSpec spec;
+};
+
+// Options that come from the operator, not the job.
+struct OperatorSettings {
+  std::string telemetryAdvertiseAddr;  // EDIT_TELEMETRY_ADDR given to workers
+};
+
+std::string configMapName(const std::string& job);
+std::string secretName(const std::string& job);
+std::string serviceName(const std::string& job);
+std::string podName(const std::string& job, int rank);
+std::string masterAddr(const std::string& job, const std::string& ns);
+
+json ownerReference(const api::JobMeta& meta);
+
+// The worker YAML (runtime/src/config.h structure) from spec.model/data/training/
+// algorithm/checkpoint/debug; volume claims become mount paths.
+std::string workerConfigYaml(const JobRef& job);
+json desiredConfigMap(const JobRef& job);
+json desiredSecret(const JobRef& job, const std::string& token);
+json desiredService(const JobRef& job);
+// Empty object when no gang scheduler is named.
+json desiredPodGroup(const JobRef& job);
+// avoidNodes: nodes this rank must not land on (straggler replacement).
+json desiredPod(const JobRef& job, int rank, int restartGeneration, const OperatorSettings& settings,
+                const std::set<std::string>& avoidNodes = {});
+
+// 32 random bytes as 64 hex characters (from the OS CSPRNG).
+std::string randomToken();
+
+}  // namespace edit::op::controller

@@ -1,0 +1,413 @@
+#include "controller/plan.h"
+
+#include <algorithm>
+#include <set>
+
+#include "controller/desired.h"
+#include "util/log.h"
+
+namespace edit::op::controller {
+namespace {
+
+int labelInt(const json& labels, const char* key, int def) {
+  if (!labels.contains(key) || !labels[key].is_string()) return def;
+  try {
+    return std::stoi(labels[key].get<std::string>());
+  } catch (...) {
+    return def;
+  }
+}
+
+std::string describeExit(const ObservedPod& p) {
+  std::string s = "worker pod " + p.name + " failed";
+  if (p.exitCode) s += " with exit code " + std::to_string(*p.exitCode);
+  if (!p.reason.empty()) s += " (" + p.reason + ")";
+  return s;
+}
+
+}  // namespace
+
+ObservedPod observePod(const json& pod) {
+  ObservedPod o;
+  const json& md = pod["metadata"];
+  o.name = md.value("name", "");
+  json labels = md.value("labels", json::object());
+  o.rank = labelInt(labels, kLabelRank, -1);
+  o.generation = labelInt(labels, kLabelGeneration, 0);
+  o.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
+  const json status = pod.value("status", json::object());
+  o.phase = status.value("phase", "Pending");
+  o.node = pod.value("spec", json::object()).value("nodeName", "");
+  o.reason = status.value("reason", "");
+  for (const auto& cs : status.value("containerStatuses", json::array())) {
+    for (const char* which : {"state", "lastState"}) {
+      const json st = cs.value(which, json::object());
+      if (st.contains("terminated") && st["terminated"].contains("exitCode")) {
+        o.exitCode = st["terminated"]["exitCode"].get<int>();
+        std::string r = st["terminated"].value("reason", "");
+        if (!r.empty()) o.reason = r;
+        break;
+      }
+    }
+    if (o.exitCode) break;
+  }
+  return o;
+}
+
+bool isPermanentExitCode(int code) { return code == 2 || code == 126 || code == 127; }
+
+const json* findCondition(const json& status, const std::string& type) {
+  if (!status.contains("conditions")) return nullptr;
+  for (const auto& c : status["conditions"])
+    if (c.value("type", "") == type) return &c;
+  return nullptr;
+}
+
+bool setCondition(json& status, const std::string& type, const std::string& condStatus, const std::string& reason,
+                  const std::string& message, const std::string& now, long observedGeneration) {
+  if (!status.contains("conditions") || !status["conditions"].is_array()) status["conditions"] = json::array();
+  for (auto& c : status["conditions"]) {
+    if (c.value("type", "") != type) continue;
+    if (c.value("status", "") == condStatus && c.value("reason", "") == reason && c.value("message", "") == message &&
+        c.value("observedGeneration", 0L) == observedGeneration)
+      return false;
+    if (c.value("status", "") != condStatus) c["lastTransitionTime"] = now;
+    c["status"] = condStatus;
+    c["reason"] = reason;
+    c["message"] = message;
+    c["observedGeneration"] = observedGeneration;
+    return true;
+  }
+  status["conditions"].push_back({{"type", type}, {"status", condStatus}, {"reason", reason}, {"message", message},
+                                  {"lastTransitionTime", now}, {"observedGeneration", observedGeneration}});
+  return true;
+}
+
+namespace {
+
+bool conditionTrue(const json& status, const std::string& type) {
+  const json* c = findCondition(status, type);
+  return c && c->value("status", "") == "True";
+}
+
+class Planner {
+ public:
+  explicit Planner(const PlanInput& in) : in_(in), st_(in.status.is_object() ? in.status : json::object()) {
+    now_ = log::rfc3339(in.now);
+    gen_ = in.meta.generation;
+    phase_ = st_.value("phase", "");
+    restartGen_ = st_.value("restartGeneration", 0);
+    restarts_ = st_.value("restarts", 0);
+  }
+
+  Plan run() {
+    st_["observedGeneration"] = gen_;
+    if (!in_.spec) return invalid();
+    spec_ = &*in_.spec;
+    countWorkers();
+    if (phase_ == "Succeeded" || phase_ == "Failed") return finished();
+    if (spec_->runPolicy.suspend) return suspended();
+    if (phase_ == "Suspended") {
+      cond("Suspended", "False", "Resumed", "job resumed");
+      event("Normal", "Resumed", "job resumed; recreating workers");
+      setPhase("Pending");
+    }
+    if (phase_.empty()) setPhase("Pending");
+
+    // The old gang must be gone before the new one (same pod names) is created.
+    bool stale = false;
+    for (const auto& pod : in_.pods) {
+      if (pod.generation == restartGen_) continue;
+      stale = true;
+      if (!pod.deleting) plan_.podsToDelete.push_back(pod.name);
+    }
+    if (stale) {
+      plan_.requeueAfterSeconds = 1;
+      return done();
+    }
+
+    if (deadlineExceeded()) return done();
+    if (handleFailures()) return done();
+    if (succeeded()) return done();
+    createMissing();
+    updateRunning();
+    mergeTelemetry();
+    return done();
+  }
+
+ private:
+  Plan done() {
+    countWorkers();
+    plan_.status = st_;
+    return plan_;
+  }
+
+  void setPhase(const std::string& p) {
+    phase_ = p;
+    st_["phase"] = p;
+  }
+  void cond(const std::string& type, const std::string& s, const std::string& reason, const std::string& msg) {
+    setCondition(st_, type, s, reason, msg, now_, gen_);
+  }
+  void event(const std::string& type, const std::string& reason, const std::string& msg) {
+    plan_.events.push_back({type, reason, msg});
+  }
+
+  std::vector<const ObservedPod*> current() const {
+    std::vector<const ObservedPod*> out;
+    for (const auto& p : in_.pods)
+      if (p.generation == restartGen_) out.push_back(&p);
+    return out;
+  }
+
+  void countWorkers() {
+    int total = in_.spec ? in_.spec->worldSize() : 0;
+    int pending = 0, running = 0, succeeded = 0, failed = 0;
+    for (const auto* p : current()) {
+      if (p->phase == "Running") running++;
+      else if (p->phase == "Succeeded") succeeded++;
+      else if (p->phase == "Failed") failed++;
+      else pending++;
+    }
+    st_["workers"] = {{"total", total}, {"pending", pending}, {"running", running}, {"succeeded", succeeded},
+                      {"failed", failed}};
+  }
+
+  Plan invalid() {
+    if (phase_ != "Failed") {
+      setPhase("Failed");
+      st_["completionTime"] = now_;
+      event("Warning", "InvalidSpec", in_.specError);
+    }
+    st_["message"] = in_.specError;
+    cond("Failed", "True", "InvalidSpec", in_.specError);
+    plan_.status = st_;
+    return plan_;
+  }
+
+  // Deletes pods the finished job no longer needs, by runPolicy.cleanPodPolicy.
+  void cleanup(bool forceRunning) {
+    const std::string& policy = spec_->runPolicy.cleanPodPolicy;
+    for (const auto& p : in_.pods) {
+      if (p.deleting) continue;
+      bool active = p.phase == "Running" || p.phase == "Pending" || p.phase == "Unknown";
+      if (policy == "All" || ((policy == "Running" || forceRunning) && active)) plan_.podsToDelete.push_back(p.name);
+    }
+  }
+
+  void scheduleTtl() {
+    if (!spec_->runPolicy.ttlSecondsAfterFinished) return;
+    std::time_t finished = log::parseRfc3339(st_.value("completionTime", ""));
+    if (!finished) finished = in_.now;
+    long remaining = static_cast<long>(finished + *spec_->runPolicy.ttlSecondsAfterFinished - in_.now);
+    if (remaining <= 0)
+      plan_.deleteJob = true;
+    else
+      plan_.requeueAfterSeconds = remaining;
+  }
+
+  Plan finished() {
+    cleanup(false);
+    scheduleTtl();
+    return done();
+  }
+
+  Plan suspended() {
+    for (const auto& p : in_.pods)
+      if (!p.deleting) plan_.podsToDelete.push_back(p.name);
+    if (phase_ != "Suspended") {
+      setPhase("Suspended");
+      cond("Suspended", "True", "Suspended", "runPolicy.suspend is true");
+      if (findCondition(st_, "Running")) cond("Running", "False", "Suspended", "job suspended");
+      event("Normal", "Suspended", "job suspended; workers deleted");
+      st_.erase("startTime");  // the deadline counts from the next start
+    }
+    return done();
+  }
+
+  void fail(const std::string& reason, const std::string& msg, bool stopRunning) {
+    setPhase("Failed");
+    st_["completionTime"] = now_;
+    st_["message"] = msg;
+    cond("Failed", "True", reason, msg);
+    if (findCondition(st_, "Running")) cond("Running", "False", reason, msg);
+    if (findCondition(st_, "Restarting")) cond("Restarting", "False", reason, msg);
+    event("Warning", reason, msg);
+    cleanup(stopRunning);
+    scheduleTtl();
+  }
+
+  bool deadlineExceeded() {
+    if (!spec_->runPolicy.activeDeadlineSeconds || !st_.contains("startTime")) return false;
+    std::time_t started = log::parseRfc3339(st_.value("startTime", ""));
+    if (!started) return false;
+    long left = static_cast<long>(started + *spec_->runPolicy.activeDeadlineSeconds - in_.now);
+    if (left > 0) {
+      plan_.requeueAfterSeconds = left;
+      return false;
+    }
+    fail("DeadlineExceeded",
+         "job ran longer than runPolicy.activeDeadlineSeconds=" + std::to_string(*spec_->runPolicy.activeDeadlineSeconds),
+         true);
+    return true;
+  }
+
+  void restart(const std::string& reason, const std::string& msg) {
+    restarts_++;
+    restartGen_++;
+    st_["restarts"] = restarts_;
+    st_["restartGeneration"] = restartGen_;
+    setPhase("Restarting");
+    st_["message"] = msg;
+    cond("Restarting", "True", reason, msg);
+    if (findCondition(st_, "Running")) cond("Running", "False", reason, msg);
+    event("Warning", "Restarting",
+          msg + "; restarting the gang (restart " + std::to_string(restarts_) + " of " +
+              std::to_string(spec_->runPolicy.backoffLimit) + ")");
+    for (const auto& p : in_.pods)
+      if (!p.deleting) plan_.podsToDelete.push_back(p.name);
+    plan_.gangRestarted = true;
+    plan_.requeueAfterSeconds = 1;
+  }
+
+  bool handleFailures() {
+    const ObservedPod* failed = nullptr;
+    const ObservedPod* permanent = nullptr;
+    for (const auto* p : current()) {
+      if (p->phase != "Failed") continue;
+      if (!failed) failed = p;
+      if (!permanent && p->exitCode && isPermanentExitCode(*p->exitCode)) permanent = p;
+    }
+    if (permanent) {
+      fail("PermanentError", describeExit(*permanent) + ": a permanent error (invalid config or data, or command not runnable); not retried", true);
+      return true;
+    }
+    std::string reason, msg;
+    if (failed) {
+      reason = "WorkerFailed";
+      msg = describeExit(*failed);
+    } else if (in_.telemetry.hung && phase_ == "Running") {
+      reason = "Hung";
+      msg = "no training progress for hangTimeoutSeconds=" + std::to_string(spec_->hangTimeoutSeconds);
+      cond("Hung", "True", "NoProgress", msg);
+      event("Warning", "Hung", msg);
+    } else {
+      return false;
+    }
+    if (restarts_ >= spec_->runPolicy.backoffLimit) {
+      fail("BackoffLimitExceeded", msg + "; runPolicy.backoffLimit=" + std::to_string(spec_->runPolicy.backoffLimit) +
+                                       " restarts already used",
+           true);
+      return true;
+    }
+    restart(reason, msg);
+    return true;
+  }
+
+  bool succeeded() {
+    int ok = 0;
+    for (const auto* p : current())
+      if (p->phase == "Succeeded") ok++;
+    if (ok < spec_->worldSize()) return false;
+    setPhase("Succeeded");
+    st_["completionTime"] = now_;
+    st_["message"] = "all " + std::to_string(ok) + " workers succeeded";
+    cond("Succeeded", "True", "AllWorkersSucceeded", st_["message"]);
+    if (findCondition(st_, "Running")) cond("Running", "False", "Completed", "job finished");
+    if (findCondition(st_, "Restarting")) cond("Restarting", "False", "Completed", "job finished");
+    event("Normal", "Succeeded", st_["message"]);
+    mergeTelemetry();
+    cleanup(false);
+    scheduleTtl();
+    return true;
+  }
+
+  void createMissing() {
+    std::set<int> present;
+    for (const auto* p : current()) present.insert(p->rank);
+    for (int r = 0; r < spec_->worldSize(); ++r)
+      if (!present.count(r)) plan_.ranksToCreate.push_back(r);
+    if (plan_.ranksToCreate.empty()) return;
+    plan_.ensureChildren = true;
+    if (!st_.contains("startTime")) st_["startTime"] = now_;
+    if (static_cast<int>(plan_.ranksToCreate.size()) == spec_->worldSize()) {
+      plan_.gangCreated = true;
+      event("Normal", "Created",
+            "creating " + std::to_string(spec_->worldSize()) + " worker pods (restart generation " +
+                std::to_string(restartGen_) + ")");
+    }
+    if (phase_ == "Pending") {
+      setPhase("Created");
+      cond("Created", "True", "GangCreated", "worker pods, service and config created");
+    }
+  }
+
+  void updateRunning() {
+    int running = 0, finishedOk = 0;
+    for (const auto* p : current()) {
+      if (p->phase == "Running") running++;
+      if (p->phase == "Succeeded") finishedOk++;
+    }
+    bool allUp = running > 0 && running + finishedOk == spec_->worldSize();
+    if (allUp && phase_ != "Running") {
+      bool wasRestarting = phase_ == "Restarting";
+      setPhase("Running");
+      st_["message"] = "all workers running";
+      cond("Running", "True", "AllWorkersRunning", "all " + std::to_string(spec_->worldSize()) + " workers are running");
+      if (wasRestarting) cond("Restarting", "False", "Recovered", "gang recreated and running");
+      if (conditionTrue(st_, "Hung")) cond("Hung", "False", "Recovered", "gang restarted");
+      event("Normal", "Running", "all " + std::to_string(spec_->worldSize()) + " workers are running");
+    }
+  }
+
+  void mergeTelemetry() {
+    const auto& t = in_.telemetry;
+    if (!t.present) return;
+    st_["progress"] = t.progress;
+    st_["stragglers"] = t.stragglers;
+    st_["stragglerCount"] = t.stragglers.size();
+    if (!t.lastReportTime.empty()) st_["lastReportTime"] = t.lastReportTime;
+    std::set<int> before;
+    const json oldStatus = in_.status.is_object() ? in_.status : json::object();
+    if (const json* c = findCondition(oldStatus, "StragglerDetected");
+        c && c->value("status", "") == "True" && oldStatus.contains("stragglers"))
+      for (const auto& s : oldStatus["stragglers"]) before.insert(s.value("rank", -1));
+    if (!t.stragglers.empty()) {
+      std::string msg = "slow workers:";
+      bool fresh = false;
+      for (const auto& s : t.stragglers) {
+        msg += " rank " + std::to_string(s.value("rank", -1)) + " (" + s.value("pod", "") + ", score " +
+               std::to_string(s.value("score", 0.0)).substr(0, 4) + ")";
+        if (!before.count(s.value("rank", -1))) fresh = true;
+      }
+      cond("StragglerDetected", "True", "SlowWorkers", msg);
+      if (fresh) event("Warning", "StragglerDetected", msg);
+      if (spec_->stragglerPolicy.action == "Replace" && phase_ == "Running")
+        for (const auto& s : t.stragglers)
+          for (const auto* p : current())
+            if (p->rank == s.value("rank", -1) && !p->deleting) {
+              plan_.podsToDelete.push_back(p->name);
+              plan_.replacedRanks.emplace_back(p->rank, p->node.empty() ? s.value("node", "") : p->node);
+              event("Warning", "ReplacingStraggler", "deleting straggler " + p->name + " to recreate it away from node " + p->node);
+            }
+    } else if (conditionTrue(st_, "StragglerDetected")) {
+      cond("StragglerDetected", "False", "NoStragglers", "no worker over the straggler threshold");
+    }
+  }
+
+  const PlanInput& in_;
+  json st_;
+  Plan plan_;
+  const api::EDiTJobSpec* spec_ = nullptr;
+  std::string now_;
+  long gen_ = 0;
+  std::string phase_;
+  int restartGen_ = 0;
+  int restarts_ = 0;
+};
+
+}  // namespace
+
+Plan planReconcile(const PlanInput& in) { return Planner(in).run(); }
+
+}  // namespace edit::op::controller

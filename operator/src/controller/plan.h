@@ -1,0 +1,81 @@
+// The controller's decisions as a pure function: from the job (spec, current status),
+// the pods it owns and the telemetry view to the new status plus the actions to take.
+// Level-triggered: the same inputs always give the same plan, so a re-run is harmless.
+#pragma once
+
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/editjob.h"
+
+namespace edit::op::controller {
+
+using nlohmann::json;
+
+struct ObservedPod {
+  std::string name;
+  int rank = -1;
+  int generation = 0;        // edit.io/restart-generation label
+  std::string phase;         // Pending | Running | Succeeded | Failed | Unknown
+  bool deleting = false;
+  std::optional<int> exitCode;
+  std::string node;
+  std::string reason;        // terminated reason or pod status reason
+};
+
+ObservedPod observePod(const json& pod);
+
+// Exit codes that no restart can fix: 2 = invalid config or data (edit-train), 126 = not
+// executable, 127 = command not found. Everything else (crash, OOM kill 137, preemption
+// 143) is retried from the newest checkpoint.
+bool isPermanentExitCode(int code);
+
+struct TelemetryView {
+  bool present = false;
+  json progress = json::object();          // status.progress
+  json stragglers = json::array();         // status.stragglers
+  std::string lastReportTime;              // RFC 3339
+  bool hung = false;
+};
+
+struct PlannedEvent {
+  std::string type;   // Normal | Warning
+  std::string reason;
+  std::string message;
+};
+
+struct Plan {
+  json status;                       // the status to store
+  bool ensureChildren = false;       // ConfigMap, Secret, Service, PodGroup must exist
+  std::vector<int> ranksToCreate;    // in the current restartGeneration
+  std::vector<std::string> podsToDelete;
+  bool deleteJob = false;            // TTL after finish expired
+  bool gangRestarted = false;        // restartGeneration was bumped in this plan
+  bool gangCreated = false;          // a whole gang is being created
+  std::vector<std::pair<int, std::string>> replacedRanks;  // straggler (rank, node) being replaced
+  std::optional<long> requeueAfterSeconds;
+  std::vector<PlannedEvent> events;
+};
+
+struct PlanInput {
+  api::JobMeta meta;
+  std::optional<api::EDiTJobSpec> spec;  // nullopt: invalid, see specError
+  std::string specError;
+  json status = json::object();
+  std::vector<ObservedPod> pods;         // pods owned by the job (any generation)
+  TelemetryView telemetry;
+  std::time_t now = 0;
+};
+
+Plan planReconcile(const PlanInput& in);
+
+// Sets a condition; keeps lastTransitionTime when the status did not flip. Returns true
+// when anything changed.
+bool setCondition(json& status, const std::string& type, const std::string& condStatus, const std::string& reason,
+                  const std::string& message, const std::string& now, long observedGeneration);
+const json* findCondition(const json& status, const std::string& type);
+
+}  // namespace edit::op::controller

@@ -1,0 +1,299 @@
+#include "controller/reconciler.h"
+
+#include <cmath>
+
+#include "util/log.h"
+
+namespace edit::op::controller {
+
+namespace {
+
+using kube::ApiError;
+namespace res = kube::resources;
+
+json progressJson(const telemetry::Progress& p) {
+  // Rounded so that status changes only when something a reader sees changes.
+  auto round3 = [](double v) { return std::round(v * 1000.0) / 1000.0; };
+  json j = {{"step", p.step},         {"totalSteps", p.totalSteps},
+            {"tokens", p.tokens},     {"loss", round3(p.loss)},
+            {"tokensPerSecond", std::round(p.tokensPerSecond)},
+            {"syncRounds", p.syncRounds}, {"anomalies", p.anomalies}};
+  if (p.etaSeconds >= 0) j["etaSeconds"] = std::round(p.etaSeconds);
+  return j;
+}
+
+bool createIgnoringExists(kube::Client& c, const kube::ResourceType& rt, const std::string& ns, const json& obj) {
+  try {
+    c.create(rt, ns, obj);
+    return true;
+  } catch (const ApiError& e) {
+    if (e.conflict()) return false;  // deterministic name: it already exists
+    throw;
+  }
+}
+
+}  // namespace
+
+std::vector<json> Reconciler::ownedPods(const json& job, const api::JobMeta& meta) {
+  std::vector<json> out;
+  for (auto& pod : pods_.list(meta.ns, {{kLabelJob, meta.name}})) {
+    const json refs = pod["metadata"].value("ownerReferences", json::array());
+    bool ours = false, otherController = false;
+    for (const auto& r : refs) {
+      if (!r.value("controller", false)) continue;
+      if (r.value("uid", "") == meta.uid) ours = true;
+      else otherController = true;
+    }
+    if (otherController) continue;
+    if (!ours) {
+      // An orphan with our label (e.g. its owner reference was removed): adopt it.
+      std::string name = pod["metadata"].value("name", "");
+      try {
+        client_.mergePatch(res::Pods, meta.ns, name, {{"metadata", {{"ownerReferences", json::array({ownerReference(meta)})}}}});
+        log::info("adopted pod", {{"namespace", meta.ns}, {"job", meta.name}, {"pod", name}});
+      } catch (const std::exception& e) {
+        log::warn("could not adopt pod", {{"namespace", meta.ns}, {"job", meta.name}, {"pod", name}, {"error", e.what()}});
+        continue;
+      }
+    }
+    out.push_back(std::move(pod));
+  }
+  (void)job;
+  return out;
+}
+
+std::string Reconciler::ensureToken(const JobRef& job, bool mayCreate) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tokens_.find(job.meta.uid);
+    if (it != tokens_.end()) return it->second;
+  }
+  std::string token;
+  auto secret = client_.tryGet(res::Secrets, job.meta.ns, secretName(job.meta.name));
+  if (!secret && mayCreate) {
+    // Created once; a lost race (409) means another writer made it: read theirs.
+    if (createIgnoringExists(client_, res::Secrets, job.meta.ns, desiredSecret(job, randomToken())))
+      log::info("created telemetry secret", {{"namespace", job.meta.ns}, {"job", job.meta.name}});
+    secret = client_.tryGet(res::Secrets, job.meta.ns, secretName(job.meta.name));
+  }
+  if (!secret) return "";
+  if (secret->contains("data") && (*secret)["data"].contains(kTokenKey))
+    token = kube::base64Decode((*secret)["data"][kTokenKey].get<std::string>());
+  else if (secret->contains("stringData") && (*secret)["stringData"].contains(kTokenKey))
+    token = (*secret)["stringData"][kTokenKey].get<std::string>();
+  if (!token.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_[job.meta.uid] = token;
+  }
+  return token;
+}
+
+void Reconciler::ensureChildren(const JobRef& job) {
+  const std::string& ns = job.meta.ns;
+  createIgnoringExists(client_, res::ConfigMaps, ns, desiredConfigMap(job));
+  createIgnoringExists(client_, res::Services, ns, desiredService(job));
+  json pg = desiredPodGroup(job);
+  if (!pg.empty()) {
+    const auto& rt = pg["apiVersion"] == "scheduling.volcano.sh/v1beta1" ? res::VolcanoPodGroups : res::CoschedulingPodGroups;
+    try {
+      createIgnoringExists(client_, rt, ns, pg);
+    } catch (const ApiError& e) {
+      // No gang scheduler installed: pods still get created; say so once per attempt.
+      log::warn("could not create PodGroup", {{"namespace", ns}, {"job", job.meta.name}, {"error", e.what()}});
+    }
+  }
+}
+
+void Reconciler::createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration) {
+  std::map<int, std::set<std::string>> avoid;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    avoid = avoid_[job.meta.ns + "/" + job.meta.name];
+  }
+  for (int rank : ranks) {
+    json pod = desiredPod(job, rank, restartGeneration, settings_, avoid[rank]);
+    if (createIgnoringExists(client_, res::Pods, job.meta.ns, pod))
+      log::debug("created pod", {{"namespace", job.meta.ns}, {"job", job.meta.name}, {"rank", rank}});
+  }
+}
+
+TelemetryView Reconciler::telemetryView(const JobRef& job, const std::string& phase,
+                                        const std::vector<ObservedPod>& pods) {
+  TelemetryView v;
+  auto snap = hub_.snapshot(job.meta.ns, job.meta.name);
+  if (!snap || !snap->hasReports) return v;
+  v.present = true;
+  v.progress = progressJson(snap->progress);
+  for (const auto& s : snap->stragglers) {
+    std::string pod = s.pod.empty() ? podName(job.meta.name, s.rank) : s.pod;
+    std::string node = s.node;
+    for (const auto& p : pods)
+      if (p.rank == s.rank && node.empty()) node = p.node;
+    v.stragglers.push_back({{"rank", s.rank}, {"pod", pod}, {"node", node}, {"score", std::round(s.score * 100) / 100}});
+  }
+  v.lastReportTime = log::rfc3339(static_cast<std::time_t>(snap->lastReportUnix));
+  v.hung = phase == "Running" && hub_.hung(job.meta.ns, job.meta.name, static_cast<double>(job.spec.hangTimeoutSeconds));
+  return v;
+}
+
+void Reconciler::forget(const std::string& ns, const std::string& name) {
+  hub_.forgetJob(ns, name);
+  std::lock_guard<std::mutex> lock(mu_);
+  avoid_.erase(ns + "/" + name);
+}
+
+std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string& ns, const std::string& name) {
+  auto jobObj = client_.tryGet(res::EDiTJobs, ns, name);
+  if (!jobObj) {
+    forget(ns, name);
+    return std::nullopt;
+  }
+  api::JobMeta meta = api::parseMeta(*jobObj);
+  if (meta.deleting) return std::nullopt;  // garbage collection removes the children
+
+  PlanInput in;
+  in.meta = meta;
+  in.now = std::time(nullptr);
+  in.status = jobObj->value("status", json::object());
+  try {
+    in.spec = api::parseSpec(*jobObj);
+    api::validateName(meta.name, in.spec->worldSize());
+  } catch (const api::SpecError& e) {
+    in.spec.reset();
+    in.specError = e.what();
+  }
+  std::string oldPhase = in.status.value("phase", "");
+  for (const auto& p : ownedPods(*jobObj, meta)) in.pods.push_back(observePod(p));
+
+  std::optional<JobRef> job;
+  if (in.spec) {
+    job = JobRef{meta, *in.spec};
+    bool finished = oldPhase == "Succeeded" || oldPhase == "Failed";
+    std::string token = ensureToken(*job, !finished);
+    const auto& sp = in.spec->stragglerPolicy;
+    if (!token.empty())
+      hub_.registerJob(ns, name, token, {sp.threshold, sp.windowSteps, sp.minReports},
+                       in.status.value("restartGeneration", 0));
+    in.telemetry = telemetryView(*job, oldPhase, in.pods);
+  }
+
+  Plan plan = planReconcile(in);
+  const json& st = plan.status;
+  std::string newPhase = st.value("phase", "");
+  int restartGen = st.value("restartGeneration", 0);
+
+  if (plan.gangRestarted) {
+    hub_.resetJob(ns, name, restartGen);
+    metrics_.jobRestarted();
+    std::lock_guard<std::mutex> lock(mu_);
+    avoid_.erase(ns + "/" + name);
+  }
+  // Status first: if we crash after it, the next run sees the new generation and
+  // cleans up the old pods instead of counting the same failure twice.
+  if (st != in.status) {
+    client_.updateStatusWithRetry(res::EDiTJobs, ns, name, [&](json& obj) {
+      if (obj["metadata"].value("uid", "") != meta.uid) return false;
+      obj["status"] = st;
+      return true;
+    });
+  }
+  if (newPhase != oldPhase) {
+    log::info("phase", {{"namespace", ns}, {"job", name}, {"from", oldPhase}, {"to", newPhase}});
+    if (newPhase == "Succeeded") metrics_.jobSucceeded();
+    if (newPhase == "Failed") metrics_.jobFailed();
+  }
+  metrics_.setJobPhase(ns, name, newPhase);
+  metrics_.setJobRestarts(ns, name, st.value("restarts", 0));
+  for (const auto& ev : plan.events) events_.record(*jobObj, ev.type, ev.reason, ev.message);
+
+  for (const auto& [rank, node] : plan.replacedRanks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!node.empty()) avoid_[ns + "/" + name][rank].insert(node);
+  }
+  for (const auto& [rank, node] : plan.replacedRanks) hub_.resetRank(ns, name, rank);
+  for (const auto& pod : plan.podsToDelete) client_.remove(res::Pods, ns, pod, "Background");
+
+  if (job && plan.ensureChildren) {
+    ensureToken(*job, true);
+    ensureChildren(*job);
+  }
+  if (job && !plan.ranksToCreate.empty()) {
+    createPods(*job, plan.ranksToCreate, restartGen);
+    if (plan.gangCreated) metrics_.jobCreated();
+  }
+  if (plan.deleteJob) {
+    log::info("deleting finished job (ttlSecondsAfterFinished)", {{"namespace", ns}, {"job", name}});
+    client_.remove(res::EDiTJobs, ns, name, "Background");
+    forget(ns, name);
+    return std::nullopt;
+  }
+
+  std::optional<std::chrono::milliseconds> requeue;
+  if (plan.requeueAfterSeconds) requeue = std::chrono::milliseconds(*plan.requeueAfterSeconds * 1000);
+  if (job && newPhase == "Running" && job->spec.hangTimeoutSeconds > 0) {
+    // Hang detection needs a look even when nothing changes.
+    auto check = std::chrono::milliseconds(std::min<long>(job->spec.hangTimeoutSeconds, 15) * 1000);
+    if (!requeue || check < *requeue) requeue = check;
+  }
+  return requeue;
+}
+
+Controller::Controller(Reconciler& reconciler, kube::Informer& jobs, kube::Informer& pods, metrics::Metrics& metrics,
+                       int workers, int resyncSeconds)
+    : reconciler_(reconciler), jobs_(jobs), pods_(pods), metrics_(metrics), workers_(std::max(1, workers)),
+      resyncSeconds_(resyncSeconds) {
+  jobs_.addHandler([this](const std::string&, const json& obj) { queue_.add(kube::objectKey(obj)); });
+  pods_.addHandler([this](const std::string&, const json& obj) {
+    const json labels = obj["metadata"].value("labels", json::object());
+    if (labels.contains(kLabelJob))
+      queue_.add(obj["metadata"].value("namespace", "") + "/" + labels[kLabelJob].get<std::string>());
+  });
+}
+
+Controller::~Controller() { stop(); }
+
+void Controller::start() {
+  for (int i = 0; i < workers_; ++i) threads_.emplace_back([this] { work(); });
+  if (resyncSeconds_ > 0)
+    threads_.emplace_back([this] {
+      auto next = std::chrono::steady_clock::now() + std::chrono::seconds(resyncSeconds_);
+      while (!stop_) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (std::chrono::steady_clock::now() < next) continue;
+        next += std::chrono::seconds(resyncSeconds_);
+        for (const auto& key : jobs_.keys()) queue_.add(key);
+      }
+    });
+}
+
+void Controller::stop() {
+  if (stop_.exchange(true)) return;
+  queue_.shutdown();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+}
+
+void Controller::work() {
+  while (auto key = queue_.get()) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto slash = key->find('/');
+    std::string ns = key->substr(0, slash), name = key->substr(slash + 1);
+    std::string result = "success";
+    try {
+      auto requeue = reconciler_.reconcile(ns, name);
+      queue_.forget(*key);
+      if (requeue) {
+        queue_.addAfter(*key, *requeue);
+        result = "requeue";
+      }
+    } catch (const std::exception& e) {
+      result = "error";
+      log::warn("reconcile failed", {{"namespace", ns}, {"job", name}, {"error", e.what()}});
+      queue_.addRateLimited(*key);
+    }
+    metrics_.reconcileDone(result, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    queue_.done(*key);
+  }
+}
+
+}  // namespace edit::op::controller

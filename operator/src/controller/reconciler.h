@@ -1,0 +1,78 @@
+// The EDiTJob reconciler (reads the world, plans with planReconcile, acts) and the
+// controller around it: informer handlers -> work queue -> worker threads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "controller/desired.h"
+#include "controller/plan.h"
+#include "kube/client.h"
+#include "kube/events.h"
+#include "kube/informer.h"
+#include "kube/workqueue.h"
+#include "metrics/metrics.h"
+#include "telemetry/server.h"
+
+namespace edit::op::controller {
+
+class Reconciler {
+ public:
+  Reconciler(kube::Client& client, kube::Informer& pods, telemetry::TelemetryHub& hub, metrics::Metrics& metrics,
+             kube::EventRecorder& events, OperatorSettings settings)
+      : client_(client), pods_(pods), hub_(hub), metrics_(metrics), events_(events), settings_(std::move(settings)) {}
+
+  // Brings one job closer to its desired state. Returns when to look again (nullopt:
+  // only on the next change). Throws on API errors (the caller retries with backoff).
+  std::optional<std::chrono::milliseconds> reconcile(const std::string& ns, const std::string& name);
+
+ private:
+  std::vector<json> ownedPods(const json& job, const api::JobMeta& meta);
+  std::string ensureToken(const JobRef& job, bool mayCreate);
+  void ensureChildren(const JobRef& job);
+  void createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration);
+  TelemetryView telemetryView(const JobRef& job, const std::string& phase, const std::vector<ObservedPod>& pods);
+  void forget(const std::string& ns, const std::string& name);
+
+  kube::Client& client_;
+  kube::Informer& pods_;
+  telemetry::TelemetryHub& hub_;
+  metrics::Metrics& metrics_;
+  kube::EventRecorder& events_;
+  OperatorSettings settings_;
+  std::mutex mu_;
+  std::map<std::string, std::string> tokens_;                          // job uid -> token
+  std::map<std::string, std::map<int, std::set<std::string>>> avoid_;  // ns/name -> rank -> nodes
+};
+
+class Controller {
+ public:
+  Controller(Reconciler& reconciler, kube::Informer& jobs, kube::Informer& pods, metrics::Metrics& metrics,
+             int workers, int resyncSeconds);
+  ~Controller();
+  void start();
+  void stop();
+  kube::WorkQueue& queue() { return queue_; }
+
+ private:
+  void work();
+
+  Reconciler& reconciler_;
+  kube::Informer& jobs_;
+  kube::Informer& pods_;
+  metrics::Metrics& metrics_;
+  int workers_;
+  int resyncSeconds_;
+  kube::WorkQueue queue_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace edit::op::controller

@@ -1,0 +1,205 @@
+// edit-operator: runs EDiTJob custom resources. See operator/README.md.
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "controller/reconciler.h"
+#include "kube/client.h"
+#include "kube/config.h"
+#include "kube/events.h"
+#include "kube/informer.h"
+#include "leader/lease.h"
+#include "metrics/health.h"
+#include "metrics/metrics.h"
+#include "telemetry/server.h"
+#include "util/log.h"
+
+using namespace edit::op;
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void onSignal(int) { g_stop = true; }
+
+struct Flags {
+  std::string kubeconfig;
+  std::vector<std::string> namespaces;
+  std::string metricsAddr = "127.0.0.1:8080";
+  std::string healthAddr = "127.0.0.1:8081";
+  std::string grpcAddr = "0.0.0.0:9090";
+  std::string telemetryAdvertiseAddr;
+  bool leaderElect = false;
+  std::string leaseNamespace;
+  std::string leaseName = "edit-operator";
+  std::string logLevel = "info";
+  int workers = 2;
+  int resyncSeconds = 30;
+};
+
+const char* kUsage =
+    "usage: edit-operator [flags]\n"
+    "  --kubeconfig PATH              kubeconfig (default: $KUBECONFIG, else in-cluster)\n"
+    "  --namespaces a,b               namespaces to watch (default: all)\n"
+    "  --metrics-addr HOST:PORT       Prometheus /metrics (default 127.0.0.1:8080; port 0: any)\n"
+    "  --health-addr HOST:PORT        /healthz and /readyz (default 127.0.0.1:8081)\n"
+    "  --grpc-addr HOST:PORT          worker telemetry gRPC (default 0.0.0.0:9090)\n"
+    "  --telemetry-advertise-addr A   EDIT_TELEMETRY_ADDR given to workers (default: grpc address)\n"
+    "  --leader-elect                 run only while holding the Lease\n"
+    "  --lease-namespace NS           (default: the kubeconfig/service-account namespace)\n"
+    "  --lease-name NAME              (default edit-operator)\n"
+    "  --log-level debug|info|warn|error\n"
+    "  --workers N                    reconcile threads (default 2)\n"
+    "  --resync-seconds N             re-reconcile every job this often (default 30; 0: off)\n";
+
+std::vector<std::string> splitComma(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Flags parseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::string value;
+    bool hasValue = false;
+    auto eq = a.find('=');
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+      hasValue = true;
+    }
+    auto next = [&]() -> std::string {
+      if (hasValue) return value;
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (a == "--kubeconfig") f.kubeconfig = next();
+    else if (a == "--namespaces") f.namespaces = splitComma(next());
+    else if (a == "--metrics-addr") f.metricsAddr = next();
+    else if (a == "--health-addr") f.healthAddr = next();
+    else if (a == "--grpc-addr") f.grpcAddr = next();
+    else if (a == "--telemetry-advertise-addr") f.telemetryAdvertiseAddr = next();
+    else if (a == "--leader-elect") f.leaderElect = !hasValue || value == "true";
+    else if (a == "--lease-namespace") f.leaseNamespace = next();
+    else if (a == "--lease-name") f.leaseName = next();
+    else if (a == "--log-level") f.logLevel = next();
+    else if (a == "--workers") f.workers = std::stoi(next());
+    else if (a == "--resync-seconds") f.resyncSeconds = std::stoi(next());
+    else throw std::invalid_argument("unknown flag " + a + "\n" + kUsage);
+  }
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  try {
+    flags = parseFlags(argc, argv);
+    log::setLevel(log::parseLevel(flags.logLevel));
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  std::signal(SIGTERM, onSignal);
+  std::signal(SIGINT, onSignal);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  try {
+    kube::KubeConfig kc = kube::resolveConfig(flags.kubeconfig);
+    kube::Client client(kc);
+    metrics::Metrics metricsReg;
+    prometheus::Exposer exposer(flags.metricsAddr);
+    exposer.RegisterCollectable(metricsReg.registry());
+    int metricsPort = exposer.GetListeningPorts().at(0);
+
+    telemetry::TelemetryHub hub(&metricsReg);
+    telemetry::TelemetryServer grpcServer(hub, flags.grpcAddr);
+    std::string grpcHost = metrics::splitHostPort(flags.grpcAddr).first;
+    std::string advertise = flags.telemetryAdvertiseAddr;
+    if (advertise.empty())
+      advertise = (grpcHost == "0.0.0.0" || grpcHost == "::" ? std::string("127.0.0.1") : grpcHost) + ":" +
+                  std::to_string(grpcServer.port());
+
+    kube::Informer jobs(client, kube::resources::EDiTJobs, flags.namespaces);
+    kube::Informer pods(client, kube::resources::Pods, flags.namespaces, "edit.io/job-name");
+    metrics::HealthServer health(flags.healthAddr, [&] { return jobs.hasSynced() && pods.hasSynced(); });
+
+    auto metricsHost = metrics::splitHostPort(flags.metricsAddr).first;
+    log::info("edit-operator listening",
+              {{"metricsAddr", metricsHost + ":" + std::to_string(metricsPort)},
+               {"healthAddr", health.host() + ":" + std::to_string(health.port())},
+               {"grpcAddr", grpcHost + ":" + std::to_string(grpcServer.port())},
+               {"telemetryAdvertiseAddr", advertise},
+               {"server", kc.server},
+               {"leaderElect", flags.leaderElect}});
+
+    kube::EventRecorder recorder(&client, "edit-operator");
+    controller::Reconciler reconciler(client, pods, hub, metricsReg, recorder, controller::OperatorSettings{advertise});
+    controller::Controller ctrl(reconciler, jobs, pods, metricsReg, flags.workers, flags.resyncSeconds);
+    hub.setOnReport([&ctrl](const std::string& ns, const std::string& job) {
+      // Progress reaches .status at most every 2 s per job (the queue keeps the earliest).
+      ctrl.queue().addAfter(ns + "/" + job, std::chrono::milliseconds(2000));
+    });
+    std::thread ages([&] {
+      while (!g_stop) {
+        hub.refreshMetrics();
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
+    });
+
+    auto startControllers = [&] {
+      metricsReg.setLeader(true);
+      jobs.start();
+      pods.start();
+      // Reconciling from a partial cache could recreate pods that exist: wait for sync.
+      while (!g_stop && !(jobs.hasSynced() && pods.hasSynced()))
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (g_stop) return;
+      ctrl.start();
+      log::info("controller started", {{"workers", flags.workers}});
+    };
+
+    int rc = 0;
+    if (flags.leaderElect) {
+      leader::LeaseSettings ls;
+      ls.ns = flags.leaseNamespace.empty() ? kc.defaultNamespace : flags.leaseNamespace;
+      ls.name = flags.leaseName;
+      ls.identity = leader::defaultIdentity();
+      leader::LeaderElector elector(client, ls);
+      metricsReg.setLeader(false);
+      bool stoppedCleanly = elector.run(startControllers, g_stop);
+      if (!stoppedCleanly) rc = 1;  // lost the lease: exit so Kubernetes restarts us
+    } else {
+      startControllers();
+      while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    g_stop = true;
+    log::info("shutting down");
+    metricsReg.setLeader(false);
+    ctrl.stop();
+    client.cancelWatches();
+    jobs.stop();
+    pods.stop();
+    grpcServer.shutdown();
+    health.stop();
+    ages.join();
+    log::info("stopped", {{"exitCode", rc}});
+    // Lost lease: leave at once, like controller-runtime, before any other work runs.
+    if (rc != 0) std::_Exit(rc);
+    return rc;
+  } catch (const std::exception& e) {
+    log::error("fatal", {{"error", e.what()}});
+    return 1;
+  }
+}

@@ -1,0 +1,103 @@
+// The operator's Prometheus metrics (names fixed by docs/DESIGN.md) and their exposer.
+// Worker series are keyed by (namespace, job, rank) and replaced when the rank's pod or
+// node changes; every series of a job goes when the job is deleted.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+namespace edit::op::metrics {
+
+struct WorkerSample {
+  std::string ns, job;
+  int rank = 0, replica = 0, shard = 0;
+  std::string pod, node;
+  double stepSeconds = 0;
+  double stragglerScore = 0;
+  double commWaitSeconds = 0;     // cumulative
+  double lastReportUnix = 0;      // wall clock of the last report (operator's clock)
+};
+
+struct JobSample {
+  double stragglers = 0, tokensPerSecond = 0, loss = 0, step = 0, syncSeconds = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  void setWorker(const WorkerSample& w);
+  // Cumulative bytes of one (op, group) from a worker; the counter grows by the increase
+  // (a restarted worker's counter starting again counts from zero).
+  void addCommBytes(const WorkerSample& w, const std::string& op, const std::string& group, double cumulativeBytes);
+  void setStragglerScore(const std::string& ns, const std::string& job, int rank, double score);
+  void setJob(const std::string& ns, const std::string& job, const JobSample& s);
+  void setJobPhase(const std::string& ns, const std::string& job, const std::string& phase);
+  void setJobRestarts(const std::string& ns, const std::string& job, double total);
+  void removeJob(const std::string& ns, const std::string& job);
+  // Recomputes edit_worker_last_report_age_seconds for every worker.
+  void refreshAges(double nowUnix);
+
+  void reconcileDone(const std::string& result, double seconds);
+  void jobCreated() { jobsCreated_->Increment(); }
+  void jobSucceeded() { jobsSucceeded_->Increment(); }
+  void jobFailed() { jobsFailed_->Increment(); }
+  void jobRestarted() { jobsRestarted_->Increment(); }
+  void setLeader(bool leader) { leader_->Set(leader ? 1 : 0); }
+
+ private:
+  using JobKey = std::pair<std::string, std::string>;
+  using RankKey = std::tuple<std::string, std::string, int>;
+  struct WorkerSeries {
+    std::map<std::string, std::string> labels;
+    prometheus::Gauge *step, *score, *commWait, *age;
+    std::map<std::pair<std::string, std::string>, std::pair<prometheus::Counter*, double>> bytes;
+    double lastReportUnix = 0;
+  };
+  struct JobSeries {
+    prometheus::Gauge *stragglers, *tps, *loss, *step, *sync;
+    std::map<std::string, prometheus::Gauge*> phases;
+    prometheus::Counter* restarts;
+    double restartsSeen = 0;
+  };
+  void removeWorkerLocked(WorkerSeries& s);
+  JobSeries& jobLocked(const std::string& ns, const std::string& job);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::mutex mu_;
+  std::map<RankKey, WorkerSeries> workers_;
+  std::map<JobKey, JobSeries> jobs_;
+
+  prometheus::Family<prometheus::Gauge>& workerStep_;
+  prometheus::Family<prometheus::Gauge>& workerScore_;
+  prometheus::Family<prometheus::Gauge>& workerCommWait_;
+  prometheus::Family<prometheus::Counter>& workerCommBytes_;
+  prometheus::Family<prometheus::Gauge>& workerAge_;
+  prometheus::Family<prometheus::Gauge>& jobStragglers_;
+  prometheus::Family<prometheus::Gauge>& jobTps_;
+  prometheus::Family<prometheus::Gauge>& jobLoss_;
+  prometheus::Family<prometheus::Gauge>& jobStep_;
+  prometheus::Family<prometheus::Gauge>& jobSync_;
+  prometheus::Family<prometheus::Gauge>& jobPhase_;
+  prometheus::Family<prometheus::Counter>& jobRestarts_;
+  prometheus::Family<prometheus::Counter>& reconcileTotal_;
+  prometheus::Family<prometheus::Histogram>& reconcileSeconds_;
+  prometheus::Histogram* reconcileHist_;
+  prometheus::Counter *jobsCreated_, *jobsSucceeded_, *jobsFailed_, *jobsRestarted_;
+  prometheus::Gauge* leader_;
+};
+
+inline const char* kPhases[] = {"Pending", "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"};
+
+}  // namespace edit::op::metrics

@@ -1,0 +1,113 @@
+// Per-job telemetry state and its math, free of gRPC so that tests can feed synthetic
+// reports: latest report per rank, progress (step, tokens, loss, tokens/s, ETA), the
+// straggler score and the hang signal. Times are seconds on one monotonic-ish clock.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace edit::op::telemetry {
+
+struct CommSample {
+  std::string op;
+  std::string group;
+  uint64_t bytes = 0;
+  double waitSeconds = 0;
+};
+
+// What one WorkerReport says (the operator's copy, without the token).
+struct Report {
+  int rank = 0;
+  int replica = 0;
+  int shard = 0;
+  std::string pod;
+  std::string node;
+  int64_t step = 0;
+  int64_t totalSteps = 0;
+  double loss = 0;
+  uint64_t tokens = 0;
+  uint64_t syncRounds = 0;
+  uint64_t anomalies = 0;
+  double stepSeconds = 0;
+  double commWaitSeconds = 0;  // cumulative
+  double syncSeconds = 0;
+  std::vector<CommSample> comm;
+  int restartGeneration = 0;
+};
+
+struct Progress {
+  int64_t step = 0;          // min over ranks that reported
+  int64_t totalSteps = 0;
+  uint64_t tokens = 0;       // sum over ranks
+  double loss = 0;           // mean over ranks of their last loss
+  double tokensPerSecond = 0;
+  uint64_t syncRounds = 0;
+  uint64_t anomalies = 0;
+  double etaSeconds = -1;    // -1: unknown
+  double syncSeconds = 0;    // mean over ranks of the last sync round
+  int ranksReporting = 0;
+};
+
+struct WorkerScore {
+  int rank = 0;
+  std::string pod;
+  std::string node;
+  double meanStepSeconds = 0;
+  double score = 0;          // mean / job median of means; 0 when not scored yet
+  bool scored = false;
+};
+
+struct StragglerSettings {
+  double threshold = 1.5;
+  int windowSteps = 20;
+  int minReports = 5;
+};
+
+class JobTelemetry {
+ public:
+  explicit JobTelemetry(StragglerSettings s = {}, double rateWindowSeconds = 30.0)
+      : settings_(s), rateWindow_(rateWindowSeconds) {}
+
+  void setSettings(const StragglerSettings& s) { settings_ = s; }
+  const StragglerSettings& settings() const { return settings_; }
+
+  void add(const Report& r, double now);
+  // Forget one rank's step-time window (after it was replaced) or everything (restart).
+  void resetRank(int rank);
+  void reset();
+
+  Progress progress() const;
+  std::vector<WorkerScore> scores() const;
+  std::vector<WorkerScore> stragglers() const;  // score > threshold, sorted by rank
+
+  bool hasReports() const { return !ranks_.empty(); }
+  double lastReportTime() const { return lastReport_; }
+  double lastProgressTime() const { return lastProgress_; }
+  // No step advanced on any rank for `timeout` seconds (and at least one report seen).
+  bool hung(double now, double timeoutSeconds) const;
+
+  struct RankState {
+    Report last;
+    std::deque<double> stepTimes;  // the last windowSteps reported step times
+    double lastSeen = 0;
+  };
+  const std::map<int, RankState>& ranks() const { return ranks_; }
+
+ private:
+  StragglerSettings settings_;
+  double rateWindow_;
+  std::map<int, RankState> ranks_;
+  std::deque<std::pair<double, std::pair<uint64_t, int64_t>>> samples_;  // (time, (tokens, step))
+  double lastReport_ = 0;
+  double lastProgress_ = 0;
+};
+
+double median(std::vector<double> v);
+
+// Compares secrets in time independent of where they differ (length leaks only).
+bool constantTimeEquals(const std::string& a, const std::string& b);
+
+}  // namespace edit::op::telemetry

@@ -1,0 +1,201 @@
+#include "telemetry/server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "util/log.h"
+
+namespace edit::op::telemetry {
+
+namespace pb = edit::v1alpha1;
+
+double unixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void TelemetryHub::registerJob(const std::string& ns, const std::string& job, const std::string& token,
+                               const StragglerSettings& settings, int restartGeneration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& j = jobs_[{ns, job}];
+  j.token = token;
+  j.state.setSettings(settings);
+  if (restartGeneration > j.restartGeneration) {
+    j.restartGeneration = restartGeneration;
+    j.state.reset();
+  }
+}
+
+void TelemetryHub::forgetJob(const std::string& ns, const std::string& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.erase({ns, job});
+  }
+  if (metrics_) metrics_->removeJob(ns, job);
+}
+
+void TelemetryHub::resetJob(const std::string& ns, const std::string& job, int restartGeneration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find({ns, job});
+  if (it == jobs_.end()) return;
+  it->second.restartGeneration = restartGeneration;
+  it->second.state.reset();
+  it->second.pending.clear();
+  it->second.pendingAll.clear();
+  it->second.allDelivered.clear();
+}
+
+void TelemetryHub::resetRank(const std::string& ns, const std::string& job, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find({ns, job});
+  if (it != jobs_.end()) it->second.state.resetRank(rank);
+}
+
+std::optional<TelemetryHub::Snapshot> TelemetryHub::snapshot(const std::string& ns, const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find({ns, job});
+  if (it == jobs_.end()) return std::nullopt;
+  Snapshot s;
+  const auto& st = it->second.state;
+  s.progress = st.progress();
+  s.scores = st.scores();
+  s.stragglers = st.stragglers();
+  s.lastReportUnix = st.lastReportTime();
+  s.hasReports = st.hasReports();
+  return s;
+}
+
+bool TelemetryHub::hung(const std::string& ns, const std::string& job, double timeoutSeconds) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find({ns, job});
+  return it != jobs_.end() && it->second.state.hung(unixNow(), timeoutSeconds);
+}
+
+void TelemetryHub::sendCommand(const std::string& ns, const std::string& job, int rank, pb::Command::Kind kind,
+                               const std::string& reason) {
+  pb::Command c;
+  c.set_kind(kind);
+  c.set_reason(reason);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& j = jobs_[{ns, job}];
+  if (rank < 0)
+    j.pendingAll.push_back(c);
+  else
+    j.pending[rank].push_back(c);
+}
+
+grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Command>* commands) {
+  const double now = unixNow();
+  Report rep;
+  metrics::WorkerSample ws;
+  std::vector<WorkerScore> scores;
+  Progress prog;
+  size_t stragglerCount = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find({r.namespace_(), r.job()});
+    // Same answer for unknown job and wrong token: do not reveal which jobs exist.
+    if (it == jobs_.end() || it->second.token.empty() || !constantTimeEquals(it->second.token, r.token()))
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "invalid telemetry token for this job");
+    Job& job = it->second;
+    if (r.restart_generation() < job.restartGeneration) return grpc::Status::OK;  // a leftover of an old gang
+    rep.rank = r.rank();
+    rep.replica = r.replica();
+    rep.shard = r.shard();
+    rep.pod = r.pod();
+    rep.node = r.node();
+    rep.step = r.step();
+    rep.totalSteps = r.total_steps();
+    rep.loss = r.loss();
+    rep.tokens = r.tokens();
+    rep.syncRounds = r.sync_rounds();
+    rep.anomalies = r.anomalies();
+    rep.stepSeconds = r.step_seconds();
+    rep.commWaitSeconds = r.comm_wait_seconds();
+    rep.syncSeconds = r.sync_seconds();
+    rep.restartGeneration = r.restart_generation();
+    for (const auto& c : r.comm()) rep.comm.push_back({c.op(), c.group(), c.bytes(), c.wait_seconds()});
+    job.state.add(rep, now);
+    scores = job.state.scores();
+    prog = job.state.progress();
+    stragglerCount = job.state.stragglers().size();
+    auto pend = job.pending.find(rep.rank);
+    if (pend != job.pending.end()) {
+      *commands = std::move(pend->second);
+      job.pending.erase(pend);
+    }
+    size_t& delivered = job.allDelivered[rep.rank];
+    for (; delivered < job.pendingAll.size(); ++delivered) commands->push_back(job.pendingAll[delivered]);
+  }
+  if (metrics_) {
+    ws.ns = r.namespace_();
+    ws.job = r.job();
+    ws.rank = rep.rank;
+    ws.replica = rep.replica;
+    ws.shard = rep.shard;
+    ws.pod = rep.pod;
+    ws.node = rep.node;
+    ws.stepSeconds = rep.stepSeconds;
+    ws.commWaitSeconds = rep.commWaitSeconds;
+    ws.lastReportUnix = now;
+    metrics_->setWorker(ws);
+    for (const auto& c : rep.comm) metrics_->addCommBytes(ws, c.op, c.group, static_cast<double>(c.bytes));
+    for (const auto& s : scores) metrics_->setStragglerScore(ws.ns, ws.job, s.rank, s.score);
+    metrics::JobSample js;
+    js.stragglers = static_cast<double>(stragglerCount);
+    js.tokensPerSecond = prog.tokensPerSecond;
+    js.loss = prog.loss;
+    js.step = static_cast<double>(prog.step);
+    js.syncSeconds = prog.syncSeconds;
+    metrics_->setJob(ws.ns, ws.job, js);
+  }
+  if (onReport_) onReport_(r.namespace_(), r.job());
+  return grpc::Status::OK;
+}
+
+void TelemetryHub::refreshMetrics() {
+  if (metrics_) metrics_->refreshAges(unixNow());
+}
+
+class TelemetryServer::Service final : public pb::Telemetry::Service {
+ public:
+  explicit Service(TelemetryHub& hub) : hub_(hub) {}
+  grpc::Status Stream(grpc::ServerContext*, grpc::ServerReaderWriter<pb::Command, pb::WorkerReport>* stream) override {
+    pb::WorkerReport report;
+    while (stream->Read(&report)) {
+      std::vector<pb::Command> commands;
+      grpc::Status st = hub_.accept(report, &commands);
+      if (!st.ok()) {
+        // Never log the token; name the job and rank only.
+        log::warn("telemetry rejected", {{"namespace", report.namespace_()}, {"job", report.job()},
+                                         {"rank", report.rank()}, {"reason", st.error_message()}});
+        return st;
+      }
+      for (const auto& c : commands)
+        if (!stream->Write(c)) return grpc::Status::OK;
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  TelemetryHub& hub_;
+};
+
+TelemetryServer::TelemetryServer(TelemetryHub& hub, const std::string& addr) : service_(std::make_unique<Service>(hub)) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) throw std::runtime_error("telemetry: cannot listen on " + addr);
+}
+
+TelemetryServer::~TelemetryServer() { shutdown(); }
+
+void TelemetryServer::shutdown() {
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_.reset();
+  }
+}
+
+}  // namespace edit::op::telemetry

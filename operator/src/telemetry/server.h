@@ -1,0 +1,91 @@
+// Worker telemetry: the gRPC service edit.v1alpha1.Telemetry (bidi Stream) and the hub
+// that keeps per-job state, checks tokens, feeds the metrics and queues commands.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "edit/v1alpha1/telemetry.grpc.pb.h"
+#include "metrics/metrics.h"
+#include "telemetry/job_state.h"
+
+namespace edit::op::telemetry {
+
+double unixNow();
+
+class TelemetryHub {
+ public:
+  explicit TelemetryHub(metrics::Metrics* metrics) : metrics_(metrics) {}
+
+  // --- controller side ---
+  // Accept reports for this job with this token; updates settings if already known.
+  void registerJob(const std::string& ns, const std::string& job, const std::string& token,
+                   const StragglerSettings& settings, int restartGeneration);
+  void forgetJob(const std::string& ns, const std::string& job);
+  // Called on a gang restart: the old generation's reports no longer count.
+  void resetJob(const std::string& ns, const std::string& job, int restartGeneration);
+  void resetRank(const std::string& ns, const std::string& job, int rank);
+
+  struct Snapshot {
+    Progress progress;
+    std::vector<WorkerScore> scores;
+    std::vector<WorkerScore> stragglers;
+    double lastReportUnix = 0;
+    bool hasReports = false;
+  };
+  std::optional<Snapshot> snapshot(const std::string& ns, const std::string& job) const;
+  bool hung(const std::string& ns, const std::string& job, double timeoutSeconds) const;
+
+  // Queues a command for a rank (-1: every rank); it goes out on that worker's stream
+  // with the answer to its next report.
+  void sendCommand(const std::string& ns, const std::string& job, int rank, edit::v1alpha1::Command::Kind kind,
+                   const std::string& reason);
+
+  // Called (outside locks) after each accepted report, e.g. to enqueue the job.
+  void setOnReport(std::function<void(const std::string& ns, const std::string& job)> cb) { onReport_ = std::move(cb); }
+
+  // --- server side ---
+  // PERMISSION_DENIED for an unknown job or a wrong token; fills commands to send back.
+  grpc::Status accept(const edit::v1alpha1::WorkerReport& r, std::vector<edit::v1alpha1::Command>* commands);
+
+  // Refreshes edit_worker_last_report_age_seconds.
+  void refreshMetrics();
+
+ private:
+  struct Job {
+    std::string token;
+    int restartGeneration = 0;
+    JobTelemetry state;
+    std::map<int, std::vector<edit::v1alpha1::Command>> pending;  // rank -> commands
+    std::vector<edit::v1alpha1::Command> pendingAll;
+    std::map<int, size_t> allDelivered;  // rank -> how many of pendingAll it got
+  };
+  using Key = std::pair<std::string, std::string>;
+
+  metrics::Metrics* metrics_;
+  mutable std::mutex mu_;
+  std::map<Key, Job> jobs_;
+  std::function<void(const std::string&, const std::string&)> onReport_;
+};
+
+// The gRPC server around a hub. addr "host:port" (port 0: any free port).
+class TelemetryServer {
+ public:
+  TelemetryServer(TelemetryHub& hub, const std::string& addr);
+  ~TelemetryServer();
+  int port() const { return port_; }
+  void shutdown();
+
+ private:
+  class Service;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace edit::op::telemetry

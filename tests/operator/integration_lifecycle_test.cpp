@@ -1,0 +1,126 @@
+// Job lifecycle against the stand-in: gang creation, Running -> Succeeded, the failure
+// policy (restart, backoffLimit, permanent exit codes), suspend/resume, TTL, deadline,
+// garbage collection and invalid specs.
+#include "integration_fixture.h"
+
+namespace edit::op::testing {
+namespace {
+
+namespace res = kube::resources;
+
+TEST_F(OperatorIntegration, RunsToSucceededWithChildren) {
+  client->create(res::EDiTJobs, "default", shellJob("ok", 2, 2, "sleep 3; exit 0"));
+  ASSERT_TRUE(waitPhase("ok", "Running")) << job("ok").dump(2);
+  json ps = pods("ok");
+  ASSERT_EQ(ps.size(), 4u);
+  for (const auto& p : ps) {
+    EXPECT_EQ(p["metadata"]["ownerReferences"][0]["kind"], "EDiTJob");
+    EXPECT_EQ(p["spec"]["subdomain"], "ok");
+  }
+  auto svc = client->get(res::Services, "default", "ok");
+  EXPECT_EQ(svc["spec"]["clusterIP"], "None");
+  auto cm = client->get(res::ConfigMaps, "default", "ok-config");
+  EXPECT_NE(cm["data"]["config.yaml"].get<std::string>().find("steps: 10"), std::string::npos);
+  auto secret = client->get(res::Secrets, "default", "ok-telemetry");
+  EXPECT_EQ(kube::base64Decode(secret["data"]["token"]).size(), 64u);
+
+  ASSERT_TRUE(waitPhase("ok", "Succeeded")) << job("ok").dump(2);
+  json j = job("ok");
+  EXPECT_EQ(conditionStatus(j, "Succeeded"), "True");
+  EXPECT_EQ(conditionStatus(j, "Running"), "False");
+  EXPECT_EQ(conditionStatus(j, "Created"), "True");
+  EXPECT_EQ(j["status"]["workers"]["succeeded"], 4);
+  EXPECT_TRUE(j["status"].contains("startTime"));
+  EXPECT_TRUE(j["status"].contains("completionTime"));
+  EXPECT_EQ(j["status"]["observedGeneration"], j["metadata"]["generation"]);
+  auto events = client->list(res::Events, "default")["items"];
+  std::set<std::string> reasons;
+  for (const auto& e : events)
+    if (e["involvedObject"].value("name", "") == "ok") reasons.insert(e.value("reason", ""));
+  EXPECT_TRUE(reasons.count("Created") && reasons.count("Running") && reasons.count("Succeeded"));
+}
+
+TEST_F(OperatorIntegration, FailedWorkerRestartsGangUntilBackoffLimit) {
+  client->create(res::EDiTJobs, "default", shellJob("flaky", 2, 1, "sleep 1; exit 1", {{"backoffLimit", 2}}));
+  ASSERT_TRUE(waitPhase("flaky", "Failed", 60)) << job("flaky").dump(2);
+  json j = job("flaky");
+  EXPECT_EQ(j["status"]["restarts"], 2);
+  EXPECT_EQ(j["status"]["restartGeneration"], 2);
+  EXPECT_EQ(conditionReason(j, "Failed"), "BackoffLimitExceeded");
+  // Never more than one gang at a time.
+  for (const auto& p : pods("flaky")) EXPECT_EQ(p["metadata"]["labels"]["edit.io/restart-generation"], "2");
+}
+
+TEST_F(OperatorIntegration, PermanentExitCodeFailsWithoutRestart) {
+  client->create(res::EDiTJobs, "default", shellJob("bad", 2, 1, "exit 2"));
+  ASSERT_TRUE(waitPhase("bad", "Failed")) << job("bad").dump(2);
+  json j = job("bad");
+  EXPECT_EQ(conditionReason(j, "Failed"), "PermanentError");
+  EXPECT_EQ(j["status"].value("restarts", 0), 0);
+}
+
+TEST_F(OperatorIntegration, SuspendAndResume) {
+  client->create(res::EDiTJobs, "default", shellJob("pause", 2, 1, "sleep 120"));
+  ASSERT_TRUE(waitPhase("pause", "Running"));
+  client->mergePatch(res::EDiTJobs, "default", "pause", {{"spec", {{"runPolicy", {{"suspend", true}}}}}});
+  ASSERT_TRUE(waitPhase("pause", "Suspended"));
+  ASSERT_TRUE(waitFor([&] { return pods("pause").empty(); }, std::chrono::seconds(30)));
+  EXPECT_EQ(conditionStatus(job("pause"), "Suspended"), "True");
+  client->mergePatch(res::EDiTJobs, "default", "pause", {{"spec", {{"runPolicy", {{"suspend", false}}}}}});
+  ASSERT_TRUE(waitPhase("pause", "Running")) << job("pause").dump(2);
+  EXPECT_EQ(pods("pause").size(), 2u);
+  EXPECT_EQ(conditionStatus(job("pause"), "Suspended"), "False");
+}
+
+TEST_F(OperatorIntegration, TtlDeletesFinishedJob) {
+  client->create(res::EDiTJobs, "default", shellJob("short", 1, 1, "exit 0", {{"ttlSecondsAfterFinished", 2}}));
+  ASSERT_TRUE(waitPhase("short", "Succeeded"));
+  EXPECT_TRUE(waitFor([&] { return !client->tryGet(res::EDiTJobs, "default", "short"); }, std::chrono::seconds(20)));
+}
+
+TEST_F(OperatorIntegration, ActiveDeadlineFailsJob) {
+  client->create(res::EDiTJobs, "default", shellJob("slow", 1, 1, "sleep 120", {{"activeDeadlineSeconds", 3}}));
+  ASSERT_TRUE(waitPhase("slow", "Failed", 30)) << job("slow").dump(2);
+  EXPECT_EQ(conditionReason(job("slow"), "Failed"), "DeadlineExceeded");
+  EXPECT_TRUE(waitFor([&] { return pods("slow").empty(); }, std::chrono::seconds(30)));
+}
+
+TEST_F(OperatorIntegration, DeletingJobDeletesItsPods) {
+  client->create(res::EDiTJobs, "default", shellJob("gone", 2, 1, "sleep 120"));
+  ASSERT_TRUE(waitPhase("gone", "Running"));
+  client->remove(res::EDiTJobs, "default", "gone", "Background");
+  EXPECT_TRUE(waitFor([&] { return pods("gone").empty(); }, std::chrono::seconds(40)));
+  EXPECT_TRUE(waitFor([&] { return !client->tryGet(res::Services, "default", "gone"); }, std::chrono::seconds(20)));
+}
+
+TEST_F(OperatorIntegration, InvalidSpecFailsWithoutCreatingAnything) {
+  std::string name(58, 'x');  // pod hostnames would exceed 63 characters
+  client->create(res::EDiTJobs, "default", shellJob(name, 2, 1, "exit 0"));
+  ASSERT_TRUE(waitPhase(name, "Failed")) << job(name).dump(2);
+  json j = job(name);
+  EXPECT_EQ(conditionReason(j, "Failed"), "InvalidSpec");
+  EXPECT_NE(j["status"]["message"].get<std::string>().find("metadata.name"), std::string::npos);
+  EXPECT_TRUE(pods(name).empty());
+  EXPECT_FALSE(client->tryGet(res::Services, "default", name).has_value());
+}
+
+TEST_F(OperatorIntegration, HealthAndMetricsEndpoints) {
+  EXPECT_TRUE(waitFor([&] { return httpGet("http://" + op->healthAddr + "/readyz").first == 200; }, std::chrono::seconds(10)));
+  EXPECT_EQ(httpGet("http://" + op->healthAddr + "/healthz").first, 200);
+  client->create(res::EDiTJobs, "default", shellJob("m", 1, 1, "exit 0"));
+  ASSERT_TRUE(waitPhase("m", "Succeeded"));
+  ASSERT_TRUE(waitFor([&] {
+    return httpGet("http://" + op->metricsAddr + "/metrics").second.find("edit_operator_jobs_succeeded_total 1") != std::string::npos;
+  }, std::chrono::seconds(10)));
+  auto body = httpGet("http://" + op->metricsAddr + "/metrics").second;
+  EXPECT_NE(body.find("edit_job_phase{job=\"m\",namespace=\"default\",phase=\"Succeeded\"} 1"), std::string::npos) << body;
+  EXPECT_NE(body.find("edit_operator_reconcile_total{result=\"success\"}"), std::string::npos);
+  // Deleting the job removes its series.
+  client->remove(res::EDiTJobs, "default", "m", "Background");
+  EXPECT_TRUE(waitFor([&] {
+    return httpGet("http://" + op->metricsAddr + "/metrics").second.find("job=\"m\"") == std::string::npos;
+  }, std::chrono::seconds(20)));
+}
+
+}  // namespace
+}  // namespace edit::op::testing

@@ -1,0 +1,164 @@
+// Desired-state derivation: pods, env, labels, owner references, placement, service,
+// config map (its YAML has the runtime's structure) and secret.
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include "controller/desired.h"
+
+using namespace edit::op;
+using nlohmann::json;
+
+namespace {
+
+controller::JobRef makeJob(json extra = json::object()) {
+  json spec = {{"image", "edit:1"}, {"replicas", 2}, {"shardsPerReplica", 2}, {"masterPort", 29501}};
+  spec.update(extra);
+  json obj = {{"metadata", {{"name", "demo"}, {"namespace", "team"}, {"uid", "uid-1"}, {"generation", 3}}}, {"spec", spec}};
+  return {api::parseMeta(obj), api::parseSpec(obj)};
+}
+
+std::map<std::string, json> envOf(const json& pod) {
+  std::map<std::string, json> out;
+  for (const auto& e : pod["spec"]["containers"][0]["env"]) out[e["name"]] = e;
+  return out;
+}
+
+}  // namespace
+
+TEST(Desired, PodIdentityEnvAndLabels) {
+  auto job = makeJob({{"env", {{{"name", "EXTRA"}, {"value", "1"}}}}});
+  json pod = controller::desiredPod(job, 3, 2, {"10.0.0.1:9090"});
+  EXPECT_EQ(pod["metadata"]["name"], "demo-worker-3");
+  EXPECT_EQ(pod["metadata"]["namespace"], "team");
+  EXPECT_EQ(pod["spec"]["hostname"], "demo-worker-3");
+  EXPECT_EQ(pod["spec"]["subdomain"], "demo");
+  EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
+  const json& l = pod["metadata"]["labels"];
+  EXPECT_EQ(l["edit.io/job-name"], "demo");
+  EXPECT_EQ(l["edit.io/rank"], "3");
+  EXPECT_EQ(l["edit.io/replica"], "1");
+  EXPECT_EQ(l["edit.io/shard"], "1");
+  EXPECT_EQ(l["edit.io/restart-generation"], "2");
+  auto env = envOf(pod);
+  EXPECT_EQ(env["EDIT_JOB"]["value"], "demo");
+  EXPECT_EQ(env["EDIT_NAMESPACE"]["value"], "team");
+  EXPECT_EQ(env["RANK"]["value"], "3");
+  EXPECT_EQ(env["WORLD_SIZE"]["value"], "4");
+  EXPECT_EQ(env["EDIT_REPLICA"]["value"], "1");
+  EXPECT_EQ(env["EDIT_SHARD"]["value"], "1");
+  EXPECT_EQ(env["EDIT_REPLICAS"]["value"], "2");
+  EXPECT_EQ(env["EDIT_SHARDS"]["value"], "2");
+  EXPECT_EQ(env["MASTER_ADDR"]["value"], "demo-worker-0.demo.team.svc");
+  EXPECT_EQ(env["MASTER_PORT"]["value"], "29501");
+  EXPECT_EQ(env["EDIT_TELEMETRY_ADDR"]["value"], "10.0.0.1:9090");
+  EXPECT_EQ(env["EDIT_RESTART_GENERATION"]["value"], "2");
+  EXPECT_EQ(env["EDIT_CONFIG"]["valueFrom"]["configMapKeyRef"]["name"], "demo-config");
+  EXPECT_EQ(env["EDIT_CONFIG"]["valueFrom"]["configMapKeyRef"]["key"], "config.yaml");
+  EXPECT_EQ(env["EDIT_TELEMETRY_TOKEN"]["valueFrom"]["secretKeyRef"]["name"], "demo-telemetry");
+  EXPECT_EQ(env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+  EXPECT_EQ(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+  EXPECT_EQ(env["EXTRA"]["value"], "1");
+  EXPECT_EQ(pod["spec"]["containers"][0]["command"], json({"edit-train"}));
+}
+
+TEST(Desired, OwnerReferenceIsTheControllingJob) {
+  json pod = controller::desiredPod(makeJob(), 0, 0, {});
+  const json& ref = pod["metadata"]["ownerReferences"][0];
+  EXPECT_EQ(ref["apiVersion"], "edit.io/v1alpha1");
+  EXPECT_EQ(ref["kind"], "EDiTJob");
+  EXPECT_EQ(ref["name"], "demo");
+  EXPECT_EQ(ref["uid"], "uid-1");
+  EXPECT_EQ(ref["controller"], true);
+  EXPECT_EQ(ref["blockOwnerDeletion"], true);
+}
+
+TEST(Desired, PlacementPacksReplicasAndSpreadsThem) {
+  json pod = controller::desiredPod(makeJob(), 2, 0, {});
+  const json& term = pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+  EXPECT_EQ(term["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
+  EXPECT_EQ(term["podAffinityTerm"]["labelSelector"]["matchLabels"]["edit.io/replica"], "1");
+  const json& spread = pod["spec"]["topologySpreadConstraints"][0];
+  EXPECT_EQ(spread["maxSkew"], 2);
+  EXPECT_EQ(spread["labelSelector"]["matchLabels"]["edit.io/job-name"], "demo");
+  EXPECT_FALSE(pod["spec"]["affinity"].contains("nodeAffinity"));
+
+  json moved = controller::desiredPod(makeJob(), 2, 0, {}, {"node-a"});
+  const json& expr = moved["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                          ["nodeSelectorTerms"][0]["matchExpressions"][0];
+  EXPECT_EQ(expr["operator"], "NotIn");
+  EXPECT_EQ(expr["values"], json({"node-a"}));
+}
+
+TEST(Desired, SchedulingFieldsAndGpus) {
+  auto job = makeJob({{"gpusPerWorker", 2}, {"nodeSelector", {{"pool", "gpu"}}},
+                      {"tolerations", {{{"key", "gpu"}, {"operator", "Exists"}}}}, {"priorityClassName", "high"},
+                      {"schedulerName", "volcano"}, {"resources", {{"limits", {{"cpu", "4"}}}}}});
+  json pod = controller::desiredPod(job, 0, 0, {});
+  EXPECT_EQ(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "2");
+  EXPECT_EQ(pod["spec"]["containers"][0]["resources"]["limits"]["cpu"], "4");
+  EXPECT_EQ(pod["spec"]["nodeSelector"]["pool"], "gpu");
+  EXPECT_EQ(pod["spec"]["tolerations"][0]["key"], "gpu");
+  EXPECT_EQ(pod["spec"]["priorityClassName"], "high");
+  EXPECT_EQ(pod["spec"]["schedulerName"], "volcano");
+  EXPECT_EQ(pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"], "demo");
+  json pg = controller::desiredPodGroup(job);
+  EXPECT_EQ(pg["apiVersion"], "scheduling.volcano.sh/v1beta1");
+  EXPECT_EQ(pg["spec"]["minMember"], 4);
+  EXPECT_TRUE(controller::desiredPodGroup(makeJob()).empty());
+  auto cosched = makeJob({{"schedulerName", "scheduler-plugins-scheduler"}});
+  EXPECT_EQ(controller::desiredPodGroup(cosched)["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
+  EXPECT_EQ(controller::desiredPod(cosched, 0, 0, {})["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"], "demo");
+}
+
+TEST(Desired, HeadlessService) {
+  json svc = controller::desiredService(makeJob());
+  EXPECT_EQ(svc["metadata"]["name"], "demo");
+  EXPECT_EQ(svc["spec"]["clusterIP"], "None");
+  EXPECT_EQ(svc["spec"]["selector"]["edit.io/job-name"], "demo");
+  EXPECT_EQ(svc["spec"]["ports"][0]["port"], 29501);
+  EXPECT_EQ(svc["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+}
+
+TEST(Desired, ConfigMapHoldsTheRuntimeYaml) {
+  auto job = makeJob({{"model", {{"preset", "tiny"}, {"dim", 64}}},
+                      {"data", {{"train", "tok/train.bin"}, {"seqLen", 32}, {"pvc", "corpus"}}},
+                      {"training", {{"steps", 50}, {"lr", 0.003}}},
+                      {"algorithm", {{"mode", "a-edit"}, {"syncSeconds", 2.5}, {"penalty", {{"anomaly", false}}}}},
+                      {"checkpoint", {{"pvc", "ckpt"}, {"everySteps", 10}}},
+                      {"debug", {{"injectStepDelay", {{"rank", 1}, {"seconds", 0.5}}}}}});
+  json cm = controller::desiredConfigMap(job);
+  EXPECT_EQ(cm["metadata"]["name"], "demo-config");
+  YAML::Node y = YAML::Load(cm["data"]["config.yaml"].get<std::string>());
+  EXPECT_EQ(y["model"]["preset"].as<std::string>(), "tiny");
+  EXPECT_EQ(y["model"]["dim"].as<int>(), 64);
+  EXPECT_EQ(y["data"]["train"].as<std::string>(), "/data/tok/train.bin");
+  EXPECT_FALSE(y["data"]["pvc"]);  // the runtime rejects unknown keys
+  EXPECT_EQ(y["data"]["seqLen"].as<int>(), 32);
+  EXPECT_EQ(y["training"]["steps"].as<int>(), 50);
+  EXPECT_DOUBLE_EQ(y["training"]["lr"].as<double>(), 0.003);
+  EXPECT_EQ(y["algorithm"]["mode"].as<std::string>(), "a-edit");
+  EXPECT_DOUBLE_EQ(y["algorithm"]["syncSeconds"].as<double>(), 2.5);
+  EXPECT_FALSE(y["algorithm"]["penalty"]["anomaly"].as<bool>());
+  EXPECT_EQ(y["checkpoint"]["dir"].as<std::string>(), "/checkpoints/demo");
+  EXPECT_EQ(y["checkpoint"]["everySteps"].as<int>(), 10);
+  EXPECT_FALSE(y["checkpoint"]["pvc"]);
+  EXPECT_EQ(y["debug"]["injectStepDelay"]["rank"].as<int>(), 1);
+  // Only sections of runtime/src/config.h appear.
+  for (auto it = y.begin(); it != y.end(); ++it) {
+    std::string k = it->first.as<std::string>();
+    EXPECT_TRUE(k == "model" || k == "data" || k == "training" || k == "algorithm" || k == "checkpoint" || k == "debug") << k;
+  }
+  json pod = controller::desiredPod(job, 0, 0, {});
+  EXPECT_EQ(pod["spec"]["volumes"].size(), 2u);
+  EXPECT_EQ(pod["spec"]["containers"][0]["volumeMounts"][0]["mountPath"], "/checkpoints");
+}
+
+TEST(Desired, SecretAndTokens) {
+  std::string t1 = controller::randomToken(), t2 = controller::randomToken();
+  EXPECT_EQ(t1.size(), 64u);
+  EXPECT_NE(t1, t2);
+  EXPECT_EQ(t1.find_first_not_of("0123456789abcdef"), std::string::npos);
+  json s = controller::desiredSecret(makeJob(), "abc");
+  EXPECT_EQ(s["metadata"]["name"], "demo-telemetry");
+  EXPECT_EQ(s["data"]["token"], "YWJj");
+}

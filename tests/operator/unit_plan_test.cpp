@@ -1,0 +1,295 @@
+// The controller's pure decision function: phases, conditions, counts, the exit-code
+// failure policy, backoff, deadline, TTL, suspend and straggler conditions.
+#include <gtest/gtest.h>
+
+#include "controller/plan.h"
+#include "util/log.h"
+
+using namespace edit::op;
+using namespace edit::op::controller;
+using nlohmann::json;
+
+namespace {
+
+const std::time_t kNow = 1800000000;
+
+PlanInput input(json specExtra = json::object(), json status = json::object()) {
+  json spec = {{"image", "i"}, {"replicas", 2}, {"shardsPerReplica", 1}};
+  if (specExtra.is_object()) spec.update(specExtra);
+  json obj = {{"metadata", {{"name", "j"}, {"namespace", "ns"}, {"uid", "u"}, {"generation", 1}}}, {"spec", spec}};
+  PlanInput in;
+  in.meta = api::parseMeta(obj);
+  in.spec = api::parseSpec(obj);
+  in.status = status;
+  in.now = kNow;
+  return in;
+}
+
+ObservedPod pod(int rank, const std::string& phase, int gen = 0, std::optional<int> exit = std::nullopt) {
+  ObservedPod p;
+  p.name = "j-worker-" + std::to_string(rank);
+  p.rank = rank;
+  p.generation = gen;
+  p.phase = phase;
+  p.exitCode = exit;
+  return p;
+}
+
+std::string condStatus(const json& st, const std::string& type) {
+  const json* c = findCondition(st, type);
+  return c ? c->value("status", "") : "";
+}
+std::string condReason(const json& st, const std::string& type) {
+  const json* c = findCondition(st, type);
+  return c ? c->value("reason", "") : "";
+}
+
+}  // namespace
+
+TEST(Plan, NewJobCreatesTheWholeGang) {
+  Plan p = planReconcile(input());
+  EXPECT_EQ(p.ranksToCreate, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(p.ensureChildren);
+  EXPECT_TRUE(p.gangCreated);
+  EXPECT_EQ(p.status["phase"], "Created");
+  EXPECT_EQ(condStatus(p.status, "Created"), "True");
+  EXPECT_EQ(p.status["startTime"], log::rfc3339(kNow));
+  EXPECT_EQ(p.status["observedGeneration"], 1);
+  EXPECT_EQ(p.status["workers"]["total"], 2);
+}
+
+TEST(Plan, IsIdempotent) {
+  Plan first = planReconcile(input());
+  PlanInput again = input({}, first.status);
+  again.pods = {pod(0, "Pending"), pod(1, "Pending")};
+  Plan second = planReconcile(again);
+  EXPECT_TRUE(second.ranksToCreate.empty());
+  EXPECT_TRUE(second.events.empty());
+  Plan third = planReconcile(again);
+  EXPECT_EQ(second.status, third.status);
+}
+
+TEST(Plan, AllRunningThenSucceeded) {
+  PlanInput in = input({}, {{"phase", "Created"}, {"startTime", log::rfc3339(kNow - 5)}});
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Running");
+  EXPECT_EQ(condStatus(p.status, "Running"), "True");
+  EXPECT_EQ(p.status["workers"]["running"], 2);
+  ASSERT_FALSE(p.events.empty());
+  EXPECT_EQ(p.events.back().reason, "Running");
+
+  PlanInput done = input({}, p.status);
+  done.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Succeeded", 0, 0)};
+  Plan s = planReconcile(done);
+  EXPECT_EQ(s.status["phase"], "Succeeded");
+  EXPECT_EQ(condStatus(s.status, "Succeeded"), "True");
+  EXPECT_EQ(condStatus(s.status, "Running"), "False");
+  EXPECT_EQ(s.status["completionTime"], log::rfc3339(kNow));
+  EXPECT_EQ(s.status["workers"]["succeeded"], 2);
+}
+
+TEST(Plan, OneFinishedWhileOthersRunStaysRunning) {
+  PlanInput in = input({}, {{"phase", "Running"}});
+  in.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Running")};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Running");
+  EXPECT_TRUE(p.ranksToCreate.empty());
+}
+
+TEST(Plan, RetryableFailureRestartsTheGang) {
+  PlanInput in = input({}, {{"phase", "Running"}, {"restarts", 0}, {"restartGeneration", 0}});
+  in.pods = {pod(0, "Running"), pod(1, "Failed", 0, 1)};
+  Plan p = planReconcile(in);
+  EXPECT_TRUE(p.gangRestarted);
+  EXPECT_EQ(p.status["phase"], "Restarting");
+  EXPECT_EQ(p.status["restarts"], 1);
+  EXPECT_EQ(p.status["restartGeneration"], 1);
+  EXPECT_EQ(condStatus(p.status, "Restarting"), "True");
+  EXPECT_EQ(condReason(p.status, "Restarting"), "WorkerFailed");
+  EXPECT_EQ(p.podsToDelete.size(), 2u);
+  EXPECT_TRUE(p.ranksToCreate.empty());
+
+  // While old-generation pods linger nothing new is created.
+  PlanInput wait = input({}, p.status);
+  wait.pods = {pod(0, "Running", 0), pod(1, "Failed", 0, 1)};
+  wait.pods[0].deleting = true;
+  Plan w = planReconcile(wait);
+  EXPECT_TRUE(w.ranksToCreate.empty());
+  EXPECT_EQ(w.podsToDelete, std::vector<std::string>{"j-worker-1"});
+  EXPECT_FALSE(w.gangRestarted);
+  EXPECT_EQ(w.status["restarts"], 1);
+
+  // Once they are gone the new generation is created, and Running clears Restarting.
+  Plan c = planReconcile(input({}, p.status));
+  EXPECT_EQ(c.ranksToCreate.size(), 2u);
+  EXPECT_EQ(c.status["phase"], "Restarting");
+  PlanInput up = input({}, c.status);
+  up.pods = {pod(0, "Running", 1), pod(1, "Running", 1)};
+  Plan r = planReconcile(up);
+  EXPECT_EQ(r.status["phase"], "Running");
+  EXPECT_EQ(condStatus(r.status, "Restarting"), "False");
+}
+
+TEST(Plan, BackoffLimitFails) {
+  PlanInput in = input({{"runPolicy", {{"backoffLimit", 2}}}}, {{"phase", "Running"}, {"restarts", 2}, {"restartGeneration", 2}});
+  in.pods = {pod(0, "Running", 2), pod(1, "Failed", 2, 137)};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Failed");
+  EXPECT_EQ(condReason(p.status, "Failed"), "BackoffLimitExceeded");
+  EXPECT_NE(p.status["message"].get<std::string>().find("backoffLimit=2"), std::string::npos);
+  EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-0"});  // the running one stops
+}
+
+TEST(Plan, PermanentExitCodesFailWithoutRestart) {
+  EXPECT_TRUE(isPermanentExitCode(2));
+  EXPECT_TRUE(isPermanentExitCode(126));
+  EXPECT_TRUE(isPermanentExitCode(127));
+  EXPECT_FALSE(isPermanentExitCode(1));
+  EXPECT_FALSE(isPermanentExitCode(137));
+  EXPECT_FALSE(isPermanentExitCode(143));
+  PlanInput in = input({}, {{"phase", "Running"}});
+  in.pods = {pod(0, "Failed", 0, 2), pod(1, "Running")};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Failed");
+  EXPECT_EQ(condReason(p.status, "Failed"), "PermanentError");
+  EXPECT_FALSE(p.gangRestarted);
+  EXPECT_FALSE(p.status.contains("restarts") && p.status["restarts"] != 0);
+}
+
+TEST(Plan, InvalidSpecFailsAndCreatesNothing) {
+  PlanInput in = input();
+  in.spec.reset();
+  in.specError = "spec.replicas: must be in [1, 4096]";
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Failed");
+  EXPECT_EQ(condReason(p.status, "Failed"), "InvalidSpec");
+  EXPECT_NE(findCondition(p.status, "Failed")->value("message", "").find("spec.replicas"), std::string::npos);
+  EXPECT_TRUE(p.ranksToCreate.empty());
+  EXPECT_FALSE(p.ensureChildren);
+  ASSERT_EQ(p.events.size(), 1u);
+  // A second pass changes nothing and emits no second event.
+  PlanInput again = in;
+  again.status = p.status;
+  Plan q = planReconcile(again);
+  EXPECT_EQ(q.status, p.status);
+  EXPECT_TRUE(q.events.empty());
+}
+
+TEST(Plan, DeadlineExceeded) {
+  PlanInput in = input({{"runPolicy", {{"activeDeadlineSeconds", 10}}}},
+                       {{"phase", "Running"}, {"startTime", log::rfc3339(kNow - 11)}});
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Failed");
+  EXPECT_EQ(condReason(p.status, "Failed"), "DeadlineExceeded");
+  EXPECT_EQ(p.podsToDelete.size(), 2u);
+
+  PlanInput early = input({{"runPolicy", {{"activeDeadlineSeconds", 10}}}},
+                          {{"phase", "Running"}, {"startTime", log::rfc3339(kNow - 4)}});
+  early.pods = {pod(0, "Running"), pod(1, "Running")};
+  Plan e = planReconcile(early);
+  EXPECT_EQ(e.status["phase"], "Running");
+  ASSERT_TRUE(e.requeueAfterSeconds);
+  EXPECT_EQ(*e.requeueAfterSeconds, 6);
+}
+
+TEST(Plan, TtlAndCleanPodPolicy) {
+  json finished = {{"phase", "Succeeded"}, {"completionTime", log::rfc3339(kNow - 3)}};
+  PlanInput in = input({{"runPolicy", {{"ttlSecondsAfterFinished", 10}, {"cleanPodPolicy", "All"}}}}, finished);
+  in.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Succeeded", 0, 0)};
+  Plan p = planReconcile(in);
+  EXPECT_FALSE(p.deleteJob);
+  EXPECT_EQ(*p.requeueAfterSeconds, 7);
+  EXPECT_EQ(p.podsToDelete.size(), 2u);
+  in.now = kNow + 8;
+  EXPECT_TRUE(planReconcile(in).deleteJob);
+
+  PlanInput none = input({{"runPolicy", {{"cleanPodPolicy", "None"}}}}, {{"phase", "Failed"}});
+  none.pods = {pod(0, "Running")};
+  EXPECT_TRUE(planReconcile(none).podsToDelete.empty());
+  PlanInput running = input({}, {{"phase", "Failed"}});
+  running.pods = {pod(0, "Running"), pod(1, "Failed", 0, 1)};
+  EXPECT_EQ(planReconcile(running).podsToDelete, std::vector<std::string>{"j-worker-0"});
+}
+
+TEST(Plan, SuspendAndResume) {
+  PlanInput in = input({{"runPolicy", {{"suspend", true}}}}, {{"phase", "Running"}, {"startTime", log::rfc3339(kNow)}});
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Suspended");
+  EXPECT_EQ(condStatus(p.status, "Suspended"), "True");
+  EXPECT_EQ(p.podsToDelete.size(), 2u);
+  EXPECT_FALSE(p.status.contains("startTime"));
+
+  Plan r = planReconcile(input({}, p.status));
+  EXPECT_EQ(r.status["phase"], "Created");
+  EXPECT_EQ(condStatus(r.status, "Suspended"), "False");
+  EXPECT_EQ(r.ranksToCreate.size(), 2u);
+}
+
+TEST(Plan, HangRestartsTheGang) {
+  PlanInput in = input({}, {{"phase", "Running"}});
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  in.telemetry.present = true;
+  in.telemetry.hung = true;
+  Plan p = planReconcile(in);
+  EXPECT_EQ(condStatus(p.status, "Hung"), "True");
+  EXPECT_TRUE(p.gangRestarted);
+  EXPECT_EQ(condReason(p.status, "Restarting"), "Hung");
+}
+
+TEST(Plan, StragglersAndReplace) {
+  PlanInput in = input({}, {{"phase", "Running"}});
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  in.pods[1].node = "n1";
+  in.telemetry.present = true;
+  in.telemetry.progress = {{"step", 10}};
+  in.telemetry.stragglers = json::array({{{"rank", 1}, {"pod", "j-worker-1"}, {"node", "n1"}, {"score", 3.0}}});
+  Plan p = planReconcile(in);
+  EXPECT_EQ(condStatus(p.status, "StragglerDetected"), "True");
+  EXPECT_EQ(p.status["stragglerCount"], 1);
+  EXPECT_EQ(p.status["progress"]["step"], 10);
+  EXPECT_TRUE(p.podsToDelete.empty());  // action Report
+  bool evented = false;
+  for (const auto& e : p.events) evented |= e.reason == "StragglerDetected";
+  EXPECT_TRUE(evented);
+
+  PlanInput rep = input({{"stragglerPolicy", {{"action", "Replace"}}}}, p.status);
+  rep.pods = in.pods;
+  rep.telemetry = in.telemetry;
+  Plan r = planReconcile(rep);
+  EXPECT_EQ(r.podsToDelete, std::vector<std::string>{"j-worker-1"});
+  ASSERT_EQ(r.replacedRanks.size(), 1u);
+  EXPECT_EQ(r.replacedRanks[0].second, "n1");
+  for (const auto& e : r.events) EXPECT_NE(e.reason, "StragglerDetected");  // already reported
+
+  PlanInput clear = input({}, p.status);
+  clear.pods = in.pods;
+  clear.telemetry.present = true;
+  Plan c = planReconcile(clear);
+  EXPECT_EQ(condStatus(c.status, "StragglerDetected"), "False");
+}
+
+TEST(Plan, ConditionTransitionTimeOnlyOnFlip) {
+  json st = json::object();
+  EXPECT_TRUE(setCondition(st, "Running", "True", "A", "m", "t1", 1));
+  EXPECT_FALSE(setCondition(st, "Running", "True", "A", "m", "t2", 1));
+  EXPECT_TRUE(setCondition(st, "Running", "True", "B", "m", "t3", 1));
+  EXPECT_EQ(findCondition(st, "Running")->value("lastTransitionTime", ""), "t1");
+  EXPECT_TRUE(setCondition(st, "Running", "False", "B", "m", "t4", 1));
+  EXPECT_EQ(findCondition(st, "Running")->value("lastTransitionTime", ""), "t4");
+}
+
+TEST(Plan, ObservePodReadsExitCodes) {
+  json p = {{"metadata", {{"name", "j-worker-1"}, {"labels", {{"edit.io/rank", "1"}, {"edit.io/restart-generation", "2"}}}}},
+            {"spec", {{"nodeName", "n"}}},
+            {"status", {{"phase", "Failed"},
+                        {"containerStatuses", {{{"state", {{"terminated", {{"exitCode", 127}, {"reason", "Error"}}}}}}}}}}};
+  ObservedPod o = observePod(p);
+  EXPECT_EQ(o.rank, 1);
+  EXPECT_EQ(o.generation, 2);
+  EXPECT_EQ(o.phase, "Failed");
+  EXPECT_EQ(*o.exitCode, 127);
+  EXPECT_EQ(o.node, "n");
+}

@@ -1,0 +1,41 @@
+// The ConfigMap's config.yaml is accepted by the runtime's own parser (runtime/src/config.h).
+#include <gtest/gtest.h>
+
+#include "config.h"
+#include "controller/desired.h"
+
+using namespace edit::op;
+using nlohmann::json;
+
+namespace {
+controller::JobRef makeJob(const json& spec) {
+  json obj = {{"metadata", {{"name", "demo"}, {"namespace", "ns"}, {"uid", "u"}}}, {"spec", spec}};
+  return {api::parseMeta(obj), api::parseSpec(obj)};
+}
+}  // namespace
+
+TEST(RuntimeConfig, FullSpecParsesInTheRuntime) {
+  json spec = {{"image", "i"}, {"replicas", 2}, {"shardsPerReplica", 2},
+               {"model", {{"preset", "tiny"}, {"dim", 64}}},
+               {"data", {{"train", "tok/train.bin"}, {"val", ""}, {"seqLen", 32}, {"batchSize", 4}, {"pvc", "corpus"}}},
+               {"training", {{"steps", 50}, {"lr", 0.003}, {"seed", 7}}},
+               {"algorithm", {{"mode", "a-edit"}, {"syncSeconds", 2.5}, {"outer", {{"lr", 0.7}, {"nesterov", true}}},
+                              {"penalty", {{"anomaly", false}, {"zThreshold", 3.0}}}}},
+               {"checkpoint", {{"pvc", "ckpt"}, {"everySteps", 10}, {"keep", 2}, {"resume", true}}},
+               {"debug", {{"injectStepDelay", {{"rank", 1}, {"seconds", 0.5}}}}}};
+  edit::Config c = edit::parseConfig(controller::workerConfigYaml(makeJob(spec)));
+  EXPECT_NO_THROW(edit::validate(c));
+  EXPECT_DOUBLE_EQ(c.training.lr, 0.003);
+  EXPECT_EQ(c.training.steps, 50);
+  EXPECT_EQ(c.algorithm.mode, "a-edit");
+  EXPECT_DOUBLE_EQ(c.algorithm.syncSeconds, 2.5);
+  EXPECT_FALSE(c.algorithm.penalty.anomaly);
+  EXPECT_EQ(c.checkpoint.dir, "/checkpoints/demo");
+  EXPECT_EQ(c.checkpoint.everySteps, 10);
+  EXPECT_EQ(c.data.train, "/data/tok/train.bin");
+  EXPECT_EQ(c.debug.injectStepDelay.rank, 1);
+}
+
+TEST(RuntimeConfig, EmptySectionsParse) {
+  EXPECT_NO_THROW(edit::parseConfig(controller::workerConfigYaml(makeJob({{"image", "i"}, {"model", json::object()}}))));
+}

@@ -1,0 +1,190 @@
+// Telemetry math on synthetic reports: straggler scores, progress, tokens/s, hang; the
+// hub's token check and command delivery; metric series lifecycle.
+#include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
+
+#include "metrics/metrics.h"
+#include "telemetry/job_state.h"
+#include "telemetry/server.h"
+
+using namespace edit::op;
+using namespace edit::op::telemetry;
+
+namespace {
+
+Report rep(int rank, int64_t step, double stepSeconds, uint64_t tokens = 0, double loss = 1.0) {
+  Report r;
+  r.rank = rank;
+  r.replica = rank;
+  r.step = step;
+  r.totalSteps = 100;
+  r.stepSeconds = stepSeconds;
+  r.tokens = tokens;
+  r.loss = loss;
+  return r;
+}
+
+std::string scrape(metrics::Metrics& m) {
+  return prometheus::TextSerializer().Serialize(m.registry()->Collect());
+}
+
+}  // namespace
+
+TEST(Straggler, OnlyTheSlowRankIsOverThreshold) {
+  JobTelemetry t({1.5, 10, 5});
+  for (int step = 1; step <= 12; ++step)
+    for (int rank = 0; rank < 4; ++rank) t.add(rep(rank, step, rank == 2 ? 0.30 : 0.10 + 0.001 * rank), step);
+  auto scores = t.scores();
+  ASSERT_EQ(scores.size(), 4u);
+  for (const auto& s : scores) {
+    EXPECT_TRUE(s.scored);
+    if (s.rank == 2)
+      EXPECT_NEAR(s.score, 0.30 / 0.1015, 0.05);
+    else
+      EXPECT_LT(s.score, 1.1);
+  }
+  auto slow = t.stragglers();
+  ASSERT_EQ(slow.size(), 1u);
+  EXPECT_EQ(slow[0].rank, 2);
+}
+
+TEST(Straggler, NeedsMinReportsAndUsesTheWindow) {
+  JobTelemetry t({1.5, 3, 3});
+  for (int rank = 0; rank < 3; ++rank) t.add(rep(rank, 1, rank == 0 ? 1.0 : 0.1), 1);
+  EXPECT_TRUE(t.stragglers().empty());  // one report each: not scored yet
+  for (int step = 2; step <= 3; ++step)
+    for (int rank = 0; rank < 3; ++rank) t.add(rep(rank, step, rank == 0 ? 1.0 : 0.1), step);
+  ASSERT_EQ(t.stragglers().size(), 1u);
+  // Rank 0 recovers: after windowSteps fast steps it is no longer a straggler.
+  for (int step = 4; step <= 6; ++step)
+    for (int rank = 0; rank < 3; ++rank) t.add(rep(rank, step, 0.1), step);
+  EXPECT_TRUE(t.stragglers().empty());
+  EXPECT_DOUBLE_EQ(median({3, 1, 2}), 2);
+  EXPECT_DOUBLE_EQ(median({4, 1, 2, 3}), 2.5);
+}
+
+TEST(Progress, StepTokensLossRateAndEta) {
+  JobTelemetry t({}, 30.0);
+  // Two ranks, 1 step/s each, 100 tokens per step per rank; rank 1 one step behind.
+  for (int s = 1; s <= 11; ++s) {
+    t.add(rep(0, s, 1.0, 100ull * s, 2.0), 1000.0 + s);
+    t.add(rep(1, s - 1, 1.0, 100ull * (s - 1), 4.0), 1000.0 + s);
+  }
+  Progress p = t.progress();
+  EXPECT_EQ(p.step, 10);          // min over ranks
+  EXPECT_EQ(p.tokens, 1100u + 1000u);
+  EXPECT_DOUBLE_EQ(p.loss, 3.0);  // mean of the last losses
+  // Window: first sample t=1001 (rank 0 only: 100 tokens, step 1), last t=1011 (2100, 10).
+  EXPECT_NEAR(p.tokensPerSecond, 200.0, 1e-6);
+  EXPECT_NEAR(p.etaSeconds, 90.0 / 0.9, 1e-6);  // 90 steps left at 0.9 steps/s
+  EXPECT_EQ(p.ranksReporting, 2);
+}
+
+TEST(Progress, RateUsesOnlyTheSlidingWindow) {
+  JobTelemetry t({}, 5.0);
+  t.add(rep(0, 1, 1, 0), 0);
+  t.add(rep(0, 2, 1, 1000), 1);    // a fast burst long ago
+  for (int s = 3; s <= 40; ++s) t.add(rep(0, s, 1, 1000 + 10ull * (s - 2)), s - 1);
+  EXPECT_NEAR(t.progress().tokensPerSecond, 10.0, 1e-6);
+}
+
+TEST(Hang, NoProgressForTimeout) {
+  JobTelemetry t;
+  EXPECT_FALSE(t.hung(1000, 5));  // no reports: unknown, not hung
+  t.add(rep(0, 1, 1), 100);
+  t.add(rep(0, 1, 1), 104);  // a report without progress does not reset the clock
+  EXPECT_FALSE(t.hung(104, 5));
+  EXPECT_TRUE(t.hung(106, 5));
+  t.add(rep(0, 2, 1), 106);
+  EXPECT_FALSE(t.hung(107, 5));
+  EXPECT_FALSE(t.hung(1000, 0));  // 0 disables
+}
+
+TEST(Token, ConstantTimeCompare) {
+  EXPECT_TRUE(constantTimeEquals("abc123", "abc123"));
+  EXPECT_FALSE(constantTimeEquals("abc123", "abc124"));
+  EXPECT_FALSE(constantTimeEquals("abc123", "abc12"));
+  EXPECT_FALSE(constantTimeEquals("", ""));  // an empty token never authenticates
+}
+
+TEST(Hub, RejectsUnknownJobAndWrongToken) {
+  metrics::Metrics m;
+  TelemetryHub hub(&m);
+  edit::v1alpha1::WorkerReport r;
+  r.set_namespace_("ns");
+  r.set_job("j");
+  r.set_token("secret");
+  std::vector<edit::v1alpha1::Command> cmds;
+  EXPECT_EQ(hub.accept(r, &cmds).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  hub.registerJob("ns", "j", "other", {}, 0);
+  EXPECT_EQ(hub.accept(r, &cmds).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  hub.registerJob("ns", "j", "secret", {}, 0);
+  EXPECT_TRUE(hub.accept(r, &cmds).ok());
+}
+
+TEST(Hub, DeliversCommandsAndFeedsMetrics) {
+  metrics::Metrics m;
+  TelemetryHub hub(&m);
+  hub.registerJob("ns", "j", "t", {1.5, 5, 2}, 0);
+  hub.sendCommand("ns", "j", 1, edit::v1alpha1::Command::CHECKPOINT, "test");
+  hub.sendCommand("ns", "j", -1, edit::v1alpha1::Command::STOP, "all");
+  for (int step = 1; step <= 3; ++step)
+    for (int rank = 0; rank < 3; ++rank) {
+      edit::v1alpha1::WorkerReport r;
+      r.set_namespace_("ns");
+      r.set_job("j");
+      r.set_token("t");
+      r.set_rank(rank);
+      r.set_pod("j-worker-" + std::to_string(rank));
+      r.set_node("n");
+      r.set_step(step);
+      r.set_step_seconds(rank == 1 ? 0.5 : 0.1);
+      auto* c = r.add_comm();
+      c->set_op("allreduce");
+      c->set_group("sync");
+      c->set_bytes(1000ull * step);
+      std::vector<edit::v1alpha1::Command> cmds;
+      ASSERT_TRUE(hub.accept(r, &cmds).ok());
+      if (step == 1 && rank == 1) {
+        ASSERT_EQ(cmds.size(), 2u);
+        EXPECT_EQ(cmds[0].kind(), edit::v1alpha1::Command::CHECKPOINT);
+      } else if (step == 1) {
+        ASSERT_EQ(cmds.size(), 1u);
+        EXPECT_EQ(cmds[0].kind(), edit::v1alpha1::Command::STOP);
+      } else {
+        EXPECT_TRUE(cmds.empty());
+      }
+    }
+  auto snap = hub.snapshot("ns", "j");
+  ASSERT_TRUE(snap);
+  ASSERT_EQ(snap->stragglers.size(), 1u);
+  EXPECT_EQ(snap->stragglers[0].rank, 1);
+  std::string text = scrape(m);
+  const std::string slowSeries =
+      "edit_worker_straggler_score{job=\"j\",namespace=\"ns\",node=\"n\",pod=\"j-worker-1\",rank=\"1\",replica=\"0\",shard=\"0\"} ";
+  auto at = text.find(slowSeries);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_NEAR(std::stod(text.substr(at + slowSeries.size())), 5.0, 1e-6);
+  EXPECT_NE(text.find("edit_worker_comm_bytes_total{group=\"sync\",job=\"j\",namespace=\"ns\",node=\"n\",op=\"allreduce\",pod=\"j-worker-0\",rank=\"0\",replica=\"0\",shard=\"0\"} 3000"), std::string::npos) << text;
+  EXPECT_NE(text.find("edit_job_stragglers{job=\"j\",namespace=\"ns\"} 1"), std::string::npos);
+
+  hub.forgetJob("ns", "j");
+  text = scrape(m);
+  EXPECT_EQ(text.find("job=\"j\""), std::string::npos) << text;
+}
+
+TEST(Metrics, PhaseIsOneHotAndOperatorSeriesExist) {
+  metrics::Metrics m;
+  m.setJobPhase("ns", "j", "Running");
+  m.setJobRestarts("ns", "j", 2);
+  m.setJobRestarts("ns", "j", 2);
+  m.reconcileDone("success", 0.01);
+  std::string text = scrape(m);
+  EXPECT_NE(text.find("edit_job_phase{job=\"j\",namespace=\"ns\",phase=\"Running\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("edit_job_phase{job=\"j\",namespace=\"ns\",phase=\"Failed\"} 0"), std::string::npos);
+  EXPECT_NE(text.find("edit_job_restarts_total{job=\"j\",namespace=\"ns\"} 2"), std::string::npos);
+  for (const char* name : {"edit_operator_reconcile_total", "edit_operator_reconcile_seconds_bucket",
+                           "edit_operator_jobs_created_total", "edit_operator_jobs_succeeded_total",
+                           "edit_operator_jobs_failed_total", "edit_operator_jobs_restarted_total", "edit_operator_leader"})
+    EXPECT_NE(text.find(name), std::string::npos) << name;
+}

@@ -495,7 +495,8 @@ void applyEnvironment(Config& cfg) {
       {"EDIT_TELEMETRY_ADDR", "telemetry.addr"},
       {"EDIT_TELEMETRY_TOKEN", "telemetry.token"},
       {"EDIT_CHECKPOINT_DIR", "checkpoint.dir"},
-      {"EDIT_METRICS_PORT", "metrics.port"}};
+      {"EDIT_METRICS_PORT", "metrics.port"},
+      {"EDIT_METRICS_HOST", "metrics.host"}};
   for (const auto& [var, path] : kVars) {
     const char* v = std::getenv(var);
     if (!v) continue;

@@ -10,6 +10,8 @@ namespace {
 
 const char* kCheckpointMount = "/checkpoints";
 const char* kDataMount = "/data";
+// Each worker serves its Prometheus /metrics here (the chart's PodMonitor scrapes port "metrics").
+const int kWorkerMetricsPort = 9400;
 
 std::string b64(const std::string& in) {
   static const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -184,6 +186,10 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
        {"valueFrom", {{"secretKeyRef", {{"name", secretName(name)}, {"key", kTokenKey}}}}}},
       {{"name", "POD_NAME"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "metadata.name"}}}}}},
       {{"name", "NODE_NAME"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "spec.nodeName"}}}}}},
+      // Gloo binds and /metrics listens on the pod's own address.
+      {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
+      {{"name", "EDIT_METRICS_HOST"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
+      envVar("EDIT_METRICS_PORT", std::to_string(kWorkerMetricsPort)),
   });
   for (const auto& e : s.env) env.push_back(e);
 
@@ -205,7 +211,8 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
   }
 
   json container = {{"name", "worker"}, {"image", s.image}, {"command", s.command}, {"env", env},
-                    {"ports", json::array({{{"name", "master"}, {"containerPort", s.masterPort}, {"protocol", "TCP"}}})}};
+                    {"ports", json::array({{{"name", "master"}, {"containerPort", s.masterPort}, {"protocol", "TCP"}},
+                                           {{"name", "metrics"}, {"containerPort", kWorkerMetricsPort}, {"protocol", "TCP"}}})}};
   if (!s.args.empty()) container["args"] = s.args;
   if (!s.imagePullPolicy.empty()) container["imagePullPolicy"] = s.imagePullPolicy;
   if (!resources.empty()) container["resources"] = resources;

@@ -8,6 +8,14 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#ifdef EDIT_WITH_CUDA
+// The GPU path (CUDA LibTorch + NCCL): compiled only with -DEDIT_WITH_CUDA=ON.
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
 namespace edit {
 
 double nowSeconds() {
@@ -79,11 +87,23 @@ Comm::Comm(const MeshSpec& spec) : spec_(spec) {
   auto tcp = c10::make_intrusive<c10d::TCPStore>(spec.masterAddr, opts);
   store_ = c10::make_intrusive<c10d::PrefixStore>(spec.storePrefix, tcp);
 
+#ifndef EDIT_WITH_CUDA
+  if (spec.backend == "nccl")
+    throw std::runtime_error("runtime.backend nccl needs a build with -DEDIT_WITH_CUDA=ON");
+#endif
   auto device = spec.bindAddr.empty()
                     ? c10d::ProcessGroupGloo::createDefaultDevice()
                     : c10d::ProcessGroupGloo::createDeviceForHostname(spec.bindAddr);
   auto make = [&](const std::string& name, int rank, int size) -> c10::intrusive_ptr<c10d::ProcessGroup> {
     if (size <= 1) return {};
+#ifdef EDIT_WITH_CUDA
+    if (spec.backend == "nccl") {
+      auto o = c10d::ProcessGroupNCCL::Options::create();
+      o->timeout = timeout;
+      auto ps = c10::make_intrusive<c10d::PrefixStore>(name, store_);
+      return c10::make_intrusive<c10d::ProcessGroupNCCL>(ps, rank, size, o);
+    }
+#endif
     auto o = c10d::ProcessGroupGloo::Options::create();
     o->timeout = timeout;
     o->devices.push_back(device);
@@ -139,14 +159,21 @@ CommCounts Comm::counters() const {
   return counts_;
 }
 
+torch::Tensor Comm::staged(const torch::Tensor& t) const {
+  if (!onDevice() || t.is_cuda()) return t;
+  return t.to(torch::Device(torch::kCUDA, spec_.device));
+}
+
 void Comm::allreduce(Group g, torch::Tensor& t, c10d::ReduceOp op) {
   auto* p = pg(g);
   if (!p) return;
   const int n = size(g);
-  std::vector<torch::Tensor> v{t};
+  auto d = staged(t);
+  std::vector<torch::Tensor> v{d};
   c10d::AllreduceOptions o;
   o.reduceOp = op;
   p->allreduce(v, o)->wait();
+  if (!d.is_same(t)) t.copy_(d);
   count(g, "allreduce", static_cast<uint64_t>(2.0 * (n - 1) / n * t.nbytes()), 0);
 }
 
@@ -156,9 +183,13 @@ void Comm::allgather(Group g, const torch::Tensor& in, std::vector<torch::Tensor
     if (out[0].data_ptr() != in.data_ptr()) out[0].copy_(in);
     return;
   }
-  std::vector<std::vector<torch::Tensor>> outs{out};
-  std::vector<torch::Tensor> ins{in};
+  std::vector<torch::Tensor> staging;
+  for (auto& o : out) staging.push_back(staged(o));
+  std::vector<std::vector<torch::Tensor>> outs{staging};
+  std::vector<torch::Tensor> ins{staged(in)};
   p->allgather(outs, ins)->wait();
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!staging[i].is_same(out[i])) out[i].copy_(staging[i]);
   count(g, "allgather", static_cast<uint64_t>(size(g) - 1) * in.nbytes(), 0);
 }
 
@@ -167,6 +198,17 @@ void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
   if (!p) return;
   const int n = size(g), me = rankIn(g);
   const int64_t chunk = full.numel() / n;
+#ifdef EDIT_WITH_CUDA
+  if (onDevice()) {
+    // NCCL has a real reduce-scatter.
+    auto mine = full.narrow(0, me * chunk, chunk);
+    auto out = torch::empty_like(mine);
+    p->_reduce_scatter_base(out, full)->wait();
+    mine.copy_(out);
+    count(g, "reduce_scatter", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
+    return;
+  }
+#endif
   auto part = [&](int i) { return full.narrow(0, ((i % n) + n) % n * chunk, chunk); };
   auto tmp = torch::empty({chunk}, full.options());
   const int next = (me + 1) % n, prev = (me - 1 + n) % n;
@@ -187,13 +229,19 @@ void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
 void Comm::barrier(Group g) {
   auto* p = pg(g);
   if (!p) return;
-  auto t = torch::zeros({1});
+  auto t = staged(torch::zeros({1}));
   std::vector<torch::Tensor> v{t};
   p->allreduce(v)->wait();
   count(g, "barrier", 0, 0);
 }
 
-CommStream::CommStream(Comm& comm) : comm_(comm), thread_([this] { loop(); }) {}
+CommStream::CommStream(Comm& comm, int device) : comm_(comm), device_(device) {
+#ifdef EDIT_WITH_CUDA
+  if (device_ >= 0)
+    side_ = std::make_shared<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device_));
+#endif
+  thread_ = std::thread([this] { loop(); });
+}
 
 CommStream::~CommStream() {
   {
@@ -204,27 +252,53 @@ CommStream::~CommStream() {
   thread_.join();
 }
 
-std::shared_future<void> CommStream::enqueue(std::function<void()> task) {
+Pending CommStream::enqueue(std::function<void()> task) {
+  Pending p;
+#ifdef EDIT_WITH_CUDA
+  if (side_) {
+    // The task may read what the training stream produced so far (gradients, weights).
+    auto before = std::make_shared<at::cuda::CUDAEvent>();
+    before->record(c10::cuda::getCurrentCUDAStream(device_));
+    auto after = std::make_shared<at::cuda::CUDAEvent>();
+    auto side = std::static_pointer_cast<c10::cuda::CUDAStream>(side_);
+    task = [before, after, side, t = std::move(task)] {
+      before->block(*side);
+      t();
+      after->record(*side);
+    };
+    p.event = after;
+  }
+#endif
   std::packaged_task<void()> pt(std::move(task));
-  auto f = pt.get_future().share();
+  p.done = pt.get_future().share();
   {
     std::lock_guard<std::mutex> lk(mu_);
     queue_.push_back(std::move(pt));
   }
   cv_.notify_one();
-  return f;
+  return p;
 }
 
-void CommStream::wait(const std::shared_future<void>& f, Group g, const std::string& op) {
+void CommStream::wait(const Pending& p, Group g, const std::string& op) {
   const double t0 = nowSeconds();
-  f.wait();
+  p.done.wait();
   comm_.addWait(g, op, nowSeconds() - t0);
-  f.get();  // rethrows the task's exception
+  p.done.get();  // rethrows the task's exception
+#ifdef EDIT_WITH_CUDA
+  if (p.event)
+    std::static_pointer_cast<at::cuda::CUDAEvent>(p.event)->block(
+        c10::cuda::getCurrentCUDAStream(device_));
+#endif
 }
 
 void CommStream::loop() {
   // Communication never records autograd history.
   torch::NoGradGuard guard;
+#ifdef EDIT_WITH_CUDA
+  std::unique_ptr<c10::cuda::CUDAStreamGuard> streamGuard;
+  if (side_) streamGuard = std::make_unique<c10::cuda::CUDAStreamGuard>(
+      *std::static_pointer_cast<c10::cuda::CUDAStream>(side_));
+#endif
   for (;;) {
     std::packaged_task<void()> task;
     {

@@ -34,6 +34,8 @@ struct MeshSpec {
   std::string bindAddr;          // interface address for Gloo ("" = resolve hostname)
   double timeoutSeconds = 300;
   std::string storePrefix;       // distinguishes rendezvous generations
+  std::string backend = "gloo";  // gloo | nccl (nccl only in EDIT_WITH_CUDA builds)
+  int device = -1;               // CUDA device index for nccl (-1: CPU)
   // From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, EDIT_REPLICAS, EDIT_SHARDS,
   // EDIT_BIND_ADDR / POD_IP, EDIT_RESTART_GENERATION. Throws with the variable named.
   static MeshSpec fromEnvironment();
@@ -72,6 +74,9 @@ class Comm {
 
  private:
   c10d::ProcessGroup* pg(Group g) const;
+  bool onDevice() const { return spec_.backend == "nccl"; }
+  // NCCL needs device tensors: host tensors are staged through the device.
+  torch::Tensor staged(const torch::Tensor& t) const;
   void count(Group g, const std::string& op, uint64_t bytes, double waitSeconds);
 
   MeshSpec spec_;
@@ -86,17 +91,29 @@ class Comm {
 // CUDA communication stream. Every rank enqueues the same tasks in the same order, so
 // collectives match across ranks while the training thread computes. Waiting on a
 // task's future records the blocked time against (group, op).
+// A task in flight on the communication stream.
+struct Pending {
+  std::shared_future<void> done;
+  std::shared_ptr<void> event;  // CUDA builds: recorded on the stream after the task's work
+  bool valid() const { return done.valid(); }
+};
+
 class CommStream {
  public:
-  explicit CommStream(Comm& comm);
+  explicit CommStream(Comm& comm, int device = -1);
   ~CommStream();
-  std::shared_future<void> enqueue(std::function<void()> task);
-  // Blocks until the task is done; rethrows its exception; counts the wait.
-  void wait(const std::shared_future<void>& f, Group g, const std::string& op);
+  // On GPU the task's kernels run on a separate CUDA stream that first waits for the work
+  // the training stream has queued so far (the task may read it).
+  Pending enqueue(std::function<void()> task);
+  // Blocks until the task is done; rethrows its exception; counts the wait. On GPU the
+  // training stream then waits for the task's kernels.
+  void wait(const Pending& p, Group g, const std::string& op);
 
  private:
   void loop();
   Comm& comm_;
+  int device_;
+  std::shared_ptr<void> side_;  // CUDA builds: the communication stream
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::packaged_task<void()>> queue_;

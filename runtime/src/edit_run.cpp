@@ -291,6 +291,7 @@ int main(int argc, char** argv) {
       set("MASTER_PORT", std::to_string(port));
       set("EDIT_BIND_ADDR", "127.0.0.1");
       set("EDIT_LOCAL_WORLD_SIZE", std::to_string(o.nproc));
+      set("LOCAL_RANK", std::to_string(r));  // GPU builds: worker r uses GPU r % count
       if (o.metricsPort >= 0) set("EDIT_METRICS_PORT", std::to_string(o.metricsPort + r));
       std::vector<std::string> args{bin};
       if (!o.config.empty()) args.insert(args.end(), {"--config", o.config});

@@ -38,6 +38,7 @@ struct FlatUnit {
 
 // Builds the units of the model for shard `shard` of `shards`, initialized
 // deterministically from `seed` (identical on every rank).
-std::vector<FlatUnit> buildUnits(const ModelShape& s, int shards, int shard, uint64_t seed);
+std::vector<FlatUnit> buildUnits(const ModelShape& s, int shards, int shard, uint64_t seed,
+                                 torch::Device device = torch::kCPU);
 
 }  // namespace edit

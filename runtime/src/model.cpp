@@ -113,7 +113,7 @@ torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v) {
   const int64_t T = q.size(2);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
-  auto mask = torch::ones({T, T}, torch::dtype(torch::kBool)).triu(1);
+  auto mask = torch::ones({T, T}, q.options().dtype(torch::kBool)).triu(1);
   scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
   return torch::matmul(torch::softmax(scores, -1), v);
 }

@@ -7,8 +7,8 @@ namespace edit {
 ShardedAdamW::ShardedAdamW(const TrainingConfig& cfg, const std::vector<FlatUnit>& units)
     : beta1_(cfg.beta1), beta2_(cfg.beta2), eps_(cfg.eps), wd_(cfg.weightDecay) {
   for (const auto& u : units) {
-    m_.push_back(torch::zeros({u.chunk}));
-    v_.push_back(torch::zeros({u.chunk}));
+    m_.push_back(torch::zeros_like(u.shardView));
+    v_.push_back(torch::zeros_like(u.shardView));
   }
 }
 

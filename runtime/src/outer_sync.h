@@ -20,6 +20,8 @@ namespace edit {
 struct OuterUnit {
   torch::Tensor outer;     // [chunk] outer (global) weights
   torch::Tensor momentum;  // [chunk] Nesterov buffer
+  // With algorithm.offloadOuterState on a GPU both live in pinned host memory and visit
+  // the device only while their unit synchronizes.
 };
 
 struct SyncSettings {

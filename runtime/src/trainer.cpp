@@ -9,6 +9,10 @@
 
 #include "checkpoint.h"
 
+#ifdef EDIT_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace edit {
 
 std::atomic<bool> gTerminateRequested{false};
@@ -30,6 +34,27 @@ void Trainer::log(const std::string& s) {
   if (hooks_.log) hooks_.log(s);
 }
 
+void Trainer::selectDevice() {
+  // runtime.backend auto: NCCL on a GPU when this is a CUDA build and a GPU is visible.
+  const std::string b = cfg_.runtime.backend;
+  bool cuda = false;
+#ifdef EDIT_WITH_CUDA
+  cuda = b != "gloo" && torch::cuda::is_available();
+#endif
+  if (b == "nccl" && !cuda)
+    throw ConfigError("runtime.backend: nccl needs a CUDA build (-DEDIT_WITH_CUDA=ON) and a visible GPU");
+  mesh_.backend = cuda ? "nccl" : "gloo";
+  if (cuda) {
+    const char* lr = std::getenv("LOCAL_RANK");
+    const int count = static_cast<int>(torch::cuda::device_count());
+    mesh_.device = lr ? std::atoi(lr) % count : mesh_.rank % count;
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(mesh_.device));
+#ifdef EDIT_WITH_CUDA
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(mesh_.device));
+#endif
+  }
+}
+
 bool Trainer::isLocalMode() const { return cfg_.algorithm.mode != "ddp"; }
 
 bool Trainer::synchronousAt(int64_t t) const {
@@ -38,13 +63,15 @@ bool Trainer::synchronousAt(int64_t t) const {
 
 void Trainer::setup() {
   shape_ = shapeOf(cfg_.model);
+  selectDevice();
   comm_ = std::make_unique<Comm>(mesh_);
-  stream_ = std::make_unique<CommStream>(*comm_);
-  units_ = buildUnits(shape_, comm_->shards(), comm_->shard(), cfg_.training.seed);
+  stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
+  units_ = buildUnits(shape_, comm_->shards(), comm_->shard(), cfg_.training.seed, device_);
   detectors_.assign(units_.size(), EwmaDetector{});
   adam_ = std::make_unique<ShardedAdamW>(cfg_.training, units_);
   sync_ = syncSettingsFor(cfg_.algorithm);
   rope_ = makeRope(shape_, cfg_.data.seqLen);
+  rope_ = {rope_.cos.to(device_), rope_.sin.to(device_)};
 
   // Every replica must start from the same weights (a classic bug of Local-SGD ports):
   // compare a fingerprint of this rank's slices across the sync group.
@@ -86,7 +113,11 @@ void Trainer::setup() {
 void Trainer::initOuter() {
   torch::NoGradGuard ng;
   outer_.clear();
-  for (auto& u : units_) outer_.push_back({u.shardView.clone(), torch::zeros({u.chunk})});
+  const bool offload = cfg_.algorithm.offloadOuterState && device_.is_cuda();
+  for (auto& u : units_) {
+    auto outer = offload ? u.shardView.to(torch::kCPU).pin_memory() : u.shardView.clone();
+    outer_.push_back({outer, torch::zeros_like(outer)});
+  }
   outerReady_ = true;
   lastSyncTime_ = nowSeconds();
   stepsSinceSync_ = 0;
@@ -146,7 +177,7 @@ void Trainer::corruptIfAsked() {
       continue;
     }
     const double rms = u.shardView.pow(2).mean().sqrt().item<double>();
-    u.shardView.add_(torch::randn({u.chunk}, gen) * (c.scale * rms));
+    u.shardView.add_((torch::randn({u.chunk}, gen) * (c.scale * rms)).to(device_));
   }
   log("debug.corruptReplica: corrupted replica " + std::to_string(c.replica) +
       " before sync round " + std::to_string(c.atSync));
@@ -154,7 +185,7 @@ void Trainer::corruptIfAsked() {
 
 void Trainer::syncWholeModel(StepOutcome& out) {
   // DiLoCo / post-local SGD / the end of training: every unit at the step boundary.
-  std::vector<std::shared_future<void>> fs;
+  std::vector<Pending> fs;
   std::vector<UnitSyncResult> res(units_.size());
   const double t0 = nowSeconds();
   for (size_t u = 0; u < units_.size(); ++u)
@@ -204,14 +235,14 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
 
   trainSampler_->fill(static_cast<uint64_t>(t), inputs_.data(), targets_.data());
   const auto opts = torch::TensorOptions().dtype(torch::kInt64);
-  auto tokens = torch::from_blob(inputs_.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts);
-  auto targets = torch::from_blob(targets_.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts);
+  auto tokens = torch::from_blob(inputs_.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
+  auto targets = torch::from_blob(targets_.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
 
   for (auto& u : units_) u.zeroGrad();
 
   // Forward, unit by unit. Each unit's input is a detached leaf so that the backward can
   // run unit by unit too, and each unit's gradient reduction starts as soon as it is ready.
-  std::vector<std::shared_future<void>> ready(U);
+  std::vector<Pending> ready(U);
   std::vector<torch::Tensor> ins(U), outs(U);
   const std::string prepOp = layerwise ? "sync" : "allgather";
   const Group prepGroup = layerwise ? Group::Sync : Group::Shard;
@@ -238,7 +269,7 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   // Backward in reverse; reduce each unit's gradient on the communication stream.
   const bool averageReplicas = synchronousAt(t) && comm_->replicas() > 1;
   const bool reduce = N > 1 || averageReplicas;
-  std::vector<std::shared_future<void>> reduced;
+  std::vector<Pending> reduced;
   auto reduceGrad = [this, N, averageReplicas](size_t u) {
     return stream_->enqueue([this, u, N, averageReplicas] {
       auto& unit = units_[u];
@@ -298,8 +329,8 @@ double Trainer::evaluate(int64_t batches, Group reduceOver) {
   double sum = 0;
   for (int64_t b = 0; b < batches; ++b) {
     valSampler_->fill(static_cast<uint64_t>(b), in.data(), tg.data());
-    auto x = torch::from_blob(in.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts);
-    auto y = torch::from_blob(tg.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts);
+    auto x = torch::from_blob(in.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
+    auto y = torch::from_blob(tg.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
     auto h = embedForward(units_[0].params, x);
     for (size_t u = 1; u + 1 < units_.size(); ++u) h = blockForward(units_[u].params, h, rope_, shape_);
     sum += headLoss(units_.back().params, h, y, shape_).item<double>();

@@ -75,6 +75,7 @@ class Trainer {
   struct StepOutcome;
 
   void setup();
+  void selectDevice();
   bool isLocalMode() const;
   bool synchronousAt(int64_t t) const;  // gradients averaged across replicas at step t
   bool syncDue(int64_t t);
@@ -94,6 +95,7 @@ class Trainer {
   MeshSpec mesh_;
   TrainerHooks hooks_;
   ModelShape shape_{};
+  torch::Device device_{torch::kCPU};
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<CommStream> stream_;
   std::vector<FlatUnit> units_;

@@ -53,7 +53,7 @@ TEST(Collectives, CommStreamRunsTasksInOrderAndCountsWaits) {
     Comm comm(test::meshFor(r, 1, 2, port));
     CommStream stream(comm);
     std::vector<int> order;
-    std::vector<std::shared_future<void>> fs;
+    std::vector<Pending> fs;
     for (int i = 0; i < 5; ++i)
       fs.push_back(stream.enqueue([&, i] {
         auto t = torch::ones({4});

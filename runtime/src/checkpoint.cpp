@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace edit {
@@ -149,23 +150,31 @@ NamedTensors readCheckpointFile(const std::string& path) {
     r.need(len);
     std::string name = body.substr(r.off, len);
     r.off += len;
-    const auto type = static_cast<c10::ScalarType>(r.get<int32_t>());
-    if (type != torch::kFloat32 && type != torch::kFloat64 && type != torch::kInt64)
+    // Validate everything before allocating: a corrupt header must not ask for terabytes.
+    const auto code = r.get<int32_t>();
+    if (code != static_cast<int32_t>(torch::kFloat32) && code != static_cast<int32_t>(torch::kFloat64) &&
+        code != static_cast<int32_t>(torch::kInt64))
       throw CheckpointError(path + ": unsupported tensor type in " + name);
+    const auto type = static_cast<c10::ScalarType>(code);
     const auto dim = r.get<uint32_t>();
     if (dim > 8) throw CheckpointError(path + ": bad tensor rank in " + name);
     std::vector<int64_t> sizes;
     int64_t numel = 1;
     for (uint32_t d = 0; d < dim; ++d) {
       sizes.push_back(r.get<int64_t>());
-      if (sizes.back() < 0) throw CheckpointError(path + ": bad tensor size in " + name);
-      numel *= sizes.back();
+      const int64_t n = sizes.back();
+      if (n < 0 || (n > 0 && numel > std::numeric_limits<int64_t>::max() / n))
+        throw CheckpointError(path + ": bad tensor size in " + name);
+      numel *= n;
     }
     const auto nbytes = r.get<uint64_t>();
-    auto t = torch::empty(sizes, torch::dtype(type));
-    if (nbytes != t.nbytes()) throw CheckpointError(path + ": size mismatch in " + name);
+    const uint64_t elem = c10::elementSize(type);
+    if (static_cast<uint64_t>(numel) > std::numeric_limits<uint64_t>::max() / elem ||
+        nbytes != static_cast<uint64_t>(numel) * elem)
+      throw CheckpointError(path + ": size mismatch in " + name);
     r.need(nbytes);
-    std::memcpy(t.data_ptr(), body.data() + r.off, nbytes);
+    auto t = torch::empty(sizes, torch::dtype(type));
+    if (nbytes > 0) std::memcpy(t.data_ptr(), body.data() + r.off, nbytes);
     r.off += nbytes;
     out[name] = t;
   }
@@ -206,9 +215,10 @@ Manifest readManifest(const std::string& stepDir) {
     if (word == "step") ls >> m.step;
     else if (word == "world") ls >> m.world;
     else if (word == "rank") {
-      size_t r;
-      uint32_t crc;
-      ls >> r >> word >> crc;
+      size_t r = 0;
+      uint32_t crc = 0;
+      if (!(ls >> r >> word >> crc) || word != "crc32")
+        throw CheckpointError(path + ": malformed line \"" + line + "\"");
       if (r != m.crcs.size()) throw CheckpointError(path + ": ranks out of order");
       m.crcs.push_back(crc);
     } else if (word == "config") {

@@ -3,7 +3,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
+#include <prometheus/text_serializer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "edit/v1alpha1/telemetry.grpc.pb.h"
+#include "http_server.h"
 
 namespace edit {
 
@@ -42,7 +43,7 @@ void advance(prometheus::Counter& c, T& last, T now) {
 
 struct WorkerMetrics::Impl {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<http::PlainServer> server;  // not Exposer: see http_server.h
   std::mutex mu;
 
   prometheus::Histogram* stepSeconds = nullptr;
@@ -118,21 +119,24 @@ WorkerMetrics::WorkerMetrics(const std::string& host, int port, const std::strin
                           .Register(r)
                           .Add({});
 
-  const std::string bind = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-                           std::to_string(port);
+  // Serialize under the update lock so a scrape never sees half of a step's update.
+  Impl* impl = impl_.get();
   try {
-    impl_->exposer = std::make_unique<Exposer>(bind, 1);
+    impl_->server = std::make_unique<http::PlainServer>(host, port, [impl](const std::string& path) {
+      if (path != "/metrics") return http::Response{404, "text/plain; charset=utf-8", "not found\n"};
+      std::lock_guard<std::mutex> lock(impl->mu);
+      return http::Response{200, "text/plain; version=0.0.4; charset=utf-8",
+                            prometheus::TextSerializer().Serialize(impl->registry->Collect())};
+    });
   } catch (const std::exception& e) {
-    throw std::runtime_error("metrics: cannot listen on " + bind + ": " + e.what());
+    throw std::runtime_error("metrics: " + std::string(e.what()));
   }
-  impl_->exposer->RegisterCollectable(impl_->registry);
 }
 
 WorkerMetrics::~WorkerMetrics() = default;
 
 int WorkerMetrics::port() const {
-  auto ports = impl_->exposer->GetListeningPorts();
-  return ports.empty() ? -1 : ports.front();
+  return impl_->server->port();
 }
 
 void WorkerMetrics::update(const StepReport& r) {

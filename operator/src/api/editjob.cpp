@@ -17,10 +17,26 @@ const json* field(const json& obj, const char* key) {
 long getInt(const json& obj, const char* key, long def, const std::string& path) {
   const json* v = field(obj, key);
   if (!v) return def;
-  if (v->is_number_integer() || v->is_number_unsigned()) return v->get<long>();
-  if (v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<long>(v->get<double>())))
-    return static_cast<long>(v->get<double>());
-  throw SpecError(path + "." + key, "must be an integer");
+  // Every integer of the spec fits 32 bits; checking the range before any cast keeps
+  // huge or fractional values from wrapping (4294967297 replicas is not 1 replica).
+  constexpr double kMax = 2147483647.0, kMin = -2147483648.0;
+  double d = 0;
+  if (v->is_number_unsigned()) {
+    const auto u = v->get<unsigned long long>();
+    if (u > static_cast<unsigned long long>(kMax)) throw SpecError(path + "." + key, "must be at most 2147483647");
+    return static_cast<long>(u);
+  }
+  if (v->is_number_integer()) {
+    const auto i = v->get<long long>();
+    if (i > static_cast<long long>(kMax) || i < static_cast<long long>(kMin))
+      throw SpecError(path + "." + key, "must be between -2147483648 and 2147483647");
+    return static_cast<long>(i);
+  }
+  if (v->is_number_float()) d = v->get<double>();
+  else throw SpecError(path + "." + key, "must be an integer");
+  if (!(d >= kMin && d <= kMax)) throw SpecError(path + "." + key, "must be between -2147483648 and 2147483647");
+  if (d != static_cast<double>(static_cast<long>(d))) throw SpecError(path + "." + key, "must be an integer");
+  return static_cast<long>(d);
 }
 
 double getNumber(const json& obj, const char* key, double def, const std::string& path) {

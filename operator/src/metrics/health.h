@@ -1,11 +1,12 @@
-// A minimal HTTP/1.0 server for /healthz and /readyz (kubelet probes). Plain sockets:
-// probes need nothing more, and it keeps cpprest's listener out of the process.
+// /healthz and /readyz for the kubelet's probes, on the shared plain HTTP server.
 #pragma once
 
-#include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
-#include <thread>
+#include <utility>
+
+#include "http_server.h"
 
 namespace edit::op::metrics {
 
@@ -13,22 +14,14 @@ class HealthServer {
  public:
   // addr "host:port"; port 0 picks a free port (see port()).
   HealthServer(const std::string& addr, std::function<bool()> ready);
-  ~HealthServer();
-  int port() const { return port_; }
-  std::string host() const { return host_; }
-  void stop();
+  int port() const { return server_->port(); }
+  std::string host() const { return server_->host(); }
+  void stop() { server_->stop(); }
 
  private:
-  void serve();
-  std::string host_;
-  int port_ = 0;
-  int fd_ = -1;
-  std::function<bool()> ready_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  std::unique_ptr<http::PlainServer> server_;
 };
 
-// Splits "host:port" (IPv6 "[::1]:80"); throws std::invalid_argument.
-std::pair<std::string, int> splitHostPort(const std::string& addr);
+using http::splitHostPort;
 
 }  // namespace edit::op::metrics

@@ -79,7 +79,7 @@ Progress JobTelemetry::progress() const {
       p.tokensPerSecond = static_cast<double>(last.second.first - std::min(first.second.first, last.second.first)) / dt;
       double stepRate = static_cast<double>(last.second.second - first.second.second) / dt;
       if (stepRate > 0 && p.totalSteps > 0)
-        p.etaSeconds = static_cast<double>(std::max<int64_t>(0, p.totalSteps - p.step)) / stepRate;
+        p.etaSeconds = std::max(0.0, static_cast<double>(p.totalSteps) - static_cast<double>(p.step)) / stepRate;
     }
   }
   if (p.totalSteps > 0 && p.step >= p.totalSteps) p.etaSeconds = 0;

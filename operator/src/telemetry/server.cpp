@@ -1,5 +1,7 @@
 #include "telemetry/server.h"
 
+#include <cmath>
+
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -84,6 +86,23 @@ void TelemetryHub::sendCommand(const std::string& ns, const std::string& job, in
     j.pending[rank].push_back(c);
 }
 
+// A report that passed the token check still comes from outside: its values become
+// status fields and metric labels, so keep them in sane ranges.
+static std::string invalidReport(const pb::WorkerReport& r) {
+  constexpr int64_t kMaxSteps = int64_t{1} << 48;
+  if (r.rank() < 0 || r.rank() >= 65536 || r.replica() < 0 || r.shard() < 0) return "rank/replica/shard out of range";
+  if (r.step() < 0 || r.step() > kMaxSteps || r.total_steps() < 0 || r.total_steps() > kMaxSteps)
+    return "step/total_steps out of range";
+  if (r.pod().size() > 253 || r.node().size() > 253 || r.phase().size() > 32) return "pod/node/phase too long";
+  for (double v : {r.step_seconds(), r.compute_seconds(), r.comm_wait_seconds(), r.sync_seconds(), r.unix_time()})
+    if (!std::isfinite(v) || v < 0) return "timings must be finite and >= 0";
+  if (r.comm_size() > 64) return "too many comm counters";
+  for (const auto& c : r.comm())
+    if (c.op().size() > 32 || c.group().size() > 32 || !std::isfinite(c.wait_seconds()) || c.wait_seconds() < 0)
+      return "bad comm counter";
+  return "";
+}
+
 grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Command>* commands) {
   const double now = unixNow();
   Report rep;
@@ -99,6 +118,8 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "invalid telemetry token for this job");
     Job& job = it->second;
     if (r.restart_generation() < job.restartGeneration) return grpc::Status::OK;  // a leftover of an old gang
+    if (std::string why = invalidReport(r); !why.empty())
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed report: " + why);
     rep.rank = r.rank();
     rep.replica = r.replica();
     rep.shard = r.shard();

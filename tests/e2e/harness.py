@@ -1,0 +1,524 @@
+"""Shared harness of the end-to-end and fault tests: the API stand-in with its local
+kubelet, the edit-operator, real kubectl, a generated corpus, and a pod tracker.
+
+Everything a test starts lives in one temporary directory and is stopped in close(),
+also when the test fails (tests call it from addCleanup). Ports are picked at run time.
+Python standard library only.
+"""
+import glob
+import http.client
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+BUILD = os.environ.get("EDIT_BUILD_DIR", os.path.join(ROOT, "build"))
+RUNTIME_DIR = os.path.join(BUILD, "runtime")
+EDIT_DATA = os.path.join(RUNTIME_DIR, "edit-data")
+OPERATOR = os.environ.get("EDIT_OPERATOR", os.path.join(BUILD, "operator", "edit-operator"))
+STANDIN = os.path.join(ROOT, "tests", "apiserver", "standin.py")
+CRD = os.path.join(ROOT, "crds", "editjob.yaml")
+GROUP = "/apis/edit.io/v1alpha1"
+
+sys.path.insert(0, os.path.join(ROOT, "tests", "runtime", "integration"))
+import ckpt  # noqa: E402  (the independent checkpoint reader)
+
+
+def find_kubectl():
+    for cand in (os.environ.get("KUBECTL"), os.path.join(ROOT, ".tools", "bin", "kubectl"),
+                 "/usr/bin/kubectl", shutil.which("kubectl")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_data(d):
+    """A small English-like corpus (generated, no download) as llm.c token files."""
+    words = ("the of and to in a is that for it as was with be by on not he this are or his "
+             "from at which but have an they you were her she there been one all we their").split()
+    rng = random.Random(5)
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) + "." for _ in range(6000)]
+    text = os.path.join(d, "text.txt")
+    with open(text, "w") as f:
+        f.write("\n".join(lines))
+    train, val = os.path.join(d, "train.bin"), os.path.join(d, "val.bin")
+    subprocess.run([EDIT_DATA, "encode", "--in", text, "--train", train, "--val", val],
+                   check=True, capture_output=True)
+    return train, val
+
+
+_METRICS_PROBE = {}
+
+
+def worker_metrics_broken():
+    """None when edit-train can serve /metrics; else the reason (its error line).
+
+    Workaround for a runtime bug (see tests/e2e/README.md): civetweb's 100 KiB thread stack
+    is smaller than edit-train's static TLS (OpenBLAS + glog + LibTorch), pthread_create
+    fails with EINVAL and every worker given EDIT_METRICS_PORT exits 2."""
+    if "r" not in _METRICS_PROBE:
+        d = tempfile.mkdtemp(prefix="edit-metrics-probe-")
+        try:
+            env = dict(os.environ, EDIT_METRICS_HOST="127.0.0.1", EDIT_METRICS_PORT="0",
+                       EDIT_SET="runtime.threads=1")
+            env.pop("EDIT_CONFIG", None)
+            # Nonexistent data: a working build gets past metrics and fails on the data.
+            p = subprocess.run([os.path.join(RUNTIME_DIR, "edit-train"), "--set", "data.train=%s/none.bin" % d,
+                                "--set", "data.val=%s/none.bin" % d, "--set", "training.steps=1"],
+                               capture_output=True, text=True, timeout=60, env=env, cwd=d)
+            err = p.stderr + p.stdout
+            _METRICS_PROBE["r"] = next((l for l in err.splitlines() if "cannot start metrics" in l), None)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    return _METRICS_PROBE["r"]
+
+
+def metrics_workaround_env():
+    """env entries that switch worker metrics off when they cannot work (spec.env comes
+    after the operator's variables, and the last one wins)."""
+    return [{"name": "EDIT_METRICS_PORT", "value": "-1"}] if worker_metrics_broken() else []
+
+
+def unique(prefix):
+    """Job and namespace names are global on this machine (/etc/hosts is shared)."""
+    return "%s-%x%04x" % (prefix, os.getpid() & 0xffff, random.randrange(1 << 16))
+
+
+def job_manifest(name, ns, data_dir, ckpt_dir, master_port, steps=60, every=10, replicas=2,
+                 shards=2, backoff=3, hang=0, extra_algorithm=None, debug=None, env=None):
+    """The tiny fast job used by every test (dim 64, 2 layers, seqLen 32, batch 4)."""
+    spec = {
+        "replicas": replicas, "shardsPerReplica": shards, "image": "unused.local/edit-runtime:test",
+        "command": ["edit-train"], "masterPort": master_port,
+        # One intra-op thread per worker: 4 workers share 2 cores.
+        "env": [{"name": "EDIT_SET", "value": "runtime.threads=1"}] + metrics_workaround_env() + list(env or []),
+        "model": {"preset": "tiny", "dim": 64, "heads": 4, "ffnDim": 176, "layers": 2},
+        "data": {"train": os.path.join(data_dir, "train.bin"), "val": os.path.join(data_dir, "val.bin"),
+                 "seqLen": 32, "batchSize": 4, "valBatches": 4},
+        "training": {"steps": steps, "lr": 3e-3, "lrWarmupSteps": 5, "logEvery": 1},
+        "algorithm": dict({"mode": "edit", "warmupSteps": 8, "syncInterval": 4,
+                           "penalty": {"anomalyWarmup": 3}}, **(extra_algorithm or {})),
+        "checkpoint": {"dir": ckpt_dir, "everySteps": every, "keep": 100},
+        "runPolicy": {"backoffLimit": backoff},
+    }
+    if hang:
+        spec["hangTimeoutSeconds"] = hang
+    if debug:
+        spec["debug"] = debug
+    return {"apiVersion": "edit.io/v1alpha1", "kind": "EDiTJob",
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+class Failure(AssertionError):
+    pass
+
+
+class Cluster:
+    """A stand-in (+kubelet), optionally an operator, in one temp dir."""
+
+    def __init__(self, nodes=1, state=True, prefix="edit-e2e-"):
+        self.tmp = tempfile.mkdtemp(prefix=prefix)
+        self.kubectl_bin = find_kubectl()
+        self.state = os.path.join(self.tmp, "state.json") if state else None
+        self.nodes = nodes
+        self.standin = None
+        self.standin_logs = []
+        self.op = None
+        self.op_logs = []
+        self.op_grpc_port = None
+        self.metrics_addr = None
+        self.port = 0
+        self.trackers = []
+        self.data_dir = None
+
+    # ---- the stand-in -----------------------------------------------------------------
+    def start_standin(self):
+        ready = os.path.join(self.tmp, "ready")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        self.kubeconfig = os.path.join(self.tmp, "kubeconfig")
+        log = os.path.join(self.tmp, "standin-%d.log" % len(self.standin_logs))
+        self.standin_logs.append(log)
+        cmd = [sys.executable, STANDIN, "--listen", "127.0.0.1:%d" % self.port, "--ready-file", ready,
+               "--kubeconfig-out", self.kubeconfig, "--kubelet",
+               "--kubelet-workdir", os.path.join(self.tmp, "kubelet"),
+               "--path-prepend", RUNTIME_DIR, "--nodes", str(self.nodes), "--bookmark-interval", "2"]
+        if self.state:
+            cmd += ["--state", self.state]
+        with open(log, "ab") as f:
+            self.standin = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                            env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+        deadline = time.monotonic() + 30
+        while not os.path.exists(ready):
+            if self.standin.poll() is not None or time.monotonic() > deadline:
+                raise Failure("stand-in did not start:\n" + self.tail(log))
+            time.sleep(0.05)
+        with open(ready) as f:
+            self.url = f.read().strip()
+        u = urllib.parse.urlsplit(self.url)
+        self.host, self.port = u.hostname, u.port
+
+    def stop_standin(self, sig=signal.SIGTERM):
+        p, self.standin = self.standin, None
+        if p and p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    # ---- the operator -----------------------------------------------------------------
+    def start_operator(self, namespaces, extra=()):
+        if self.op_grpc_port is None:
+            # The same telemetry address across operator restarts, as a Service would be.
+            self.op_grpc_port = free_port()
+        grpc = "127.0.0.1:%d" % self.op_grpc_port
+        log = os.path.join(self.tmp, "operator-%d.log" % len(self.op_logs))
+        self.op_logs.append(log)
+        cmd = [OPERATOR, "--kubeconfig", self.kubeconfig, "--namespaces", ",".join(namespaces),
+               "--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0",
+               "--grpc-addr", grpc, "--telemetry-advertise-addr", grpc, "--resync-seconds", "5"] + list(extra)
+        deadline = time.monotonic() + 30
+        while True:
+            with open(log, "ab") as f:
+                self.op = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+            line = None
+            while time.monotonic() < deadline and self.op.poll() is None:
+                line = self.first_operator_line(log)
+                if line:
+                    break
+                time.sleep(0.05)
+            if line:
+                break
+            # The gRPC port of a previous operator may still be in TIME_WAIT: retry.
+            if self.op.poll() is None:
+                self.op.kill()
+            self.op.wait()
+            if time.monotonic() > deadline:
+                raise Failure("operator did not start:\n" + self.tail(log))
+            time.sleep(0.5)
+        self.metrics_addr = line["metricsAddr"]
+        self.health_addr = line.get("healthAddr")
+        return line
+
+    @staticmethod
+    def first_operator_line(log):
+        try:
+            with open(log) as f:
+                for raw in f:
+                    try:
+                        j = json.loads(raw)
+                    except ValueError:
+                        continue
+                    if j.get("msg") == "edit-operator listening":
+                        return j
+        except OSError:
+            pass
+        return None
+
+    def stop_operator(self, sig=signal.SIGTERM):
+        p, self.op = self.op, None
+        if p and p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def operator_metrics(self):
+        host, port = self.metrics_addr.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode()
+        conn.close()
+        return body
+
+    def metric_value(self, name, **labels):
+        """Sum of the samples of `name` whose labels include `labels`."""
+        total, found = 0.0, False
+        for line in self.operator_metrics().splitlines():
+            if not line.startswith(name):
+                continue
+            rest = line[len(name):]
+            if rest and rest[0] not in "{ ":
+                continue
+            lbl = ""
+            if rest.startswith("{"):
+                lbl, rest = rest[1:].split("}", 1)
+            if all('%s="%s"' % (k, v) in lbl for k, v in labels.items()):
+                total += float(rest.split()[0])
+                found = True
+        return total if found else None
+
+    # ---- clients ----------------------------------------------------------------------
+    def kubectl(self, *args, input=None, check=True, timeout=60):
+        cmd = [self.kubectl_bin, "--kubeconfig", self.kubeconfig,
+               "--cache-dir", os.path.join(self.tmp, "kcache")] + list(args)
+        res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise Failure("kubectl %s failed (%d):\n%s%s" % (" ".join(args), res.returncode,
+                                                             res.stdout, res.stderr))
+        return res
+
+    def api(self, method, path, body=None, ctype="application/json", timeout=15):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                         headers={"Content-Type": ctype})
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(raw)
+        except ValueError:
+            return resp.status, raw.decode(errors="replace")
+
+    def get(self, path):
+        code, body = self.api("GET", path)
+        if code != 200:
+            raise Failure("GET %s: %d %s" % (path, code, body))
+        return body
+
+    def job(self, ns, name):
+        return self.get("%s/namespaces/%s/editjobs/%s" % (GROUP, ns, name))
+
+    def pods(self, ns, job):
+        sel = urllib.parse.quote("edit.io/job-name=%s" % job)
+        return self.get("/api/v1/namespaces/%s/pods?labelSelector=%s" % (ns, sel))["items"]
+
+    def kill(self, ns, pod, sig="KILL"):
+        code, body = self.api("POST", "/standin/kill?namespace=%s&pod=%s&signal=%s" % (ns, pod, sig))
+        if code != 200 or not body.get("signalled"):
+            raise Failure("kill %s/%s %s: %d %s" % (ns, pod, sig, code, body))
+        return body
+
+    def create_namespace(self, ns):
+        self.kubectl("create", "namespace", ns)
+
+    def apply(self, obj):
+        return self.kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+    def wait_for(self, fn, timeout, what, interval=0.2):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                last = fn()
+            except (Failure, OSError, http.client.HTTPException) as e:
+                last = "error: %s" % e
+            else:
+                if last:
+                    return last
+            time.sleep(interval)
+        raise Failure("timed out after %ss waiting for %s (last: %r)\n%s" % (timeout, what, last,
+                                                                          self.diagnostics()))
+
+    def wait_phase(self, ns, name, phases, timeout):
+        phases = (phases,) if isinstance(phases, str) else tuple(phases)
+
+        def fn():
+            j = self.job(ns, name)
+            return j if j.get("status", {}).get("phase") in phases else None
+        return self.wait_for(fn, timeout, "job %s/%s phase in %s" % (ns, name, phases))
+
+    def wait_step(self, ns, name, step, timeout):
+        def fn():
+            st = self.job(ns, name).get("status", {})
+            return st if (st.get("progress") or {}).get("step", 0) >= step else None
+        return self.wait_for(fn, timeout, "job %s/%s step >= %d" % (ns, name, step), interval=0.1)
+
+    def running_pods(self, ns, job, n, gen=None):
+        """Wait until n pods of the job (of generation gen) run; returns them by rank."""
+        def fn():
+            ps = [p for p in self.pods(ns, job) if p.get("status", {}).get("phase") == "Running"
+                  and not p["metadata"].get("deletionTimestamp")
+                  and (gen is None or p["metadata"]["labels"].get("edit.io/restart-generation") == str(gen))]
+            return sorted(ps, key=lambda p: int(p["metadata"]["labels"]["edit.io/rank"])) if len(ps) == n else None
+        return self.wait_for(fn, 120, "%d running pods of %s (generation %s)" % (n, job, gen))
+
+    # ---- pod logs -------------------------------------------------------------------
+    def pod_logs(self, ns, pod, uid=None):
+        """Every worker log of this pod name (uid: one incarnation)."""
+        pat = os.path.join(self.tmp, "kubelet", "pods", "%s_%s_%s" % (ns, pod, uid or "*"), "worker.log")
+        return sorted(glob.glob(pat))
+
+    def summaries(self, ns, job):
+        out = {}
+        for f in glob.glob(os.path.join(self.tmp, "kubelet", "pods", "%s_%s-worker-*" % (ns, job), "worker.log")):
+            for line in open(f, errors="replace"):
+                if line.startswith("@edit-summary "):
+                    s = json.loads(line[14:])
+                    out.setdefault(s["rank"], []).append(s)
+        return out
+
+    def progress(self, ns, job, rank):
+        """(uid, [@edit rows]) for each incarnation of a rank's pod."""
+        rows = []
+        for f in glob.glob(os.path.join(self.tmp, "kubelet", "pods", "%s_%s-worker-%d_*" % (ns, job, rank), "worker.log")):
+            r = [json.loads(line[6:]) for line in open(f, errors="replace") if line.startswith("@edit ")]
+            rows.append((os.path.getmtime(f), os.path.basename(os.path.dirname(f)), r))
+        return [x[1:] for x in sorted(rows)]
+
+    # ---- diagnostics / teardown -----------------------------------------------------
+    @staticmethod
+    def tail(path, n=4000):
+        try:
+            with open(path, errors="replace") as f:
+                return f.read()[-n:]
+        except OSError:
+            return "(no %s)" % path
+
+    def diagnostics(self):
+        out = []
+        for log in self.op_logs[-2:]:
+            out.append("---- %s ----\n%s" % (os.path.basename(log), self.tail(log, 3000)))
+        for log in self.standin_logs[-1:]:
+            out.append("---- %s ----\n%s" % (os.path.basename(log), self.tail(log, 1500)))
+        for f in sorted(glob.glob(os.path.join(self.tmp, "kubelet", "pods", "*", "worker.log")))[-4:]:
+            out.append("---- %s ----\n%s" % (f[len(self.tmp):], self.tail(f, 800)))
+        return "\n".join(out)
+
+    def close(self):
+        for t in self.trackers:
+            t.stop()
+        self.stop_operator()
+        self.stop_standin()
+        if os.environ.get("EDIT_KEEP_TMP"):
+            print("kept", self.tmp, file=sys.stderr)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class PodTracker:
+    """Polls a job's pods and checks the gang invariants over time."""
+
+    def __init__(self, cluster, ns, job, interval=0.2):
+        self.c, self.ns, self.job = cluster, ns, job
+        self.snapshots = []
+        self.uids = {}           # uid -> (name, rank, generation)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        cluster.trackers.append(self)
+
+    def _loop(self):
+        while not self.stopped.is_set():
+            try:
+                pods = self.c.pods(self.ns, self.job)
+            except Exception:    # the stand-in may be restarting
+                pods = None
+            if pods is not None:
+                snap = []
+                for p in pods:
+                    md = p["metadata"]
+                    lb = md.get("labels", {})
+                    item = (md["name"], md["uid"], int(lb.get("edit.io/rank", -1)),
+                            int(lb.get("edit.io/restart-generation", -1)),
+                            p.get("status", {}).get("phase"), bool(md.get("deletionTimestamp")))
+                    snap.append(item)
+                    self.uids.setdefault(md["uid"], (item[0], item[2], item[3]))
+                self.snapshots.append((time.monotonic(), snap))
+            self.stopped.wait(self.interval_s())
+
+    def interval_s(self):
+        return 0.2
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(5)
+
+    def problems(self, world):
+        """Duplicate pods: more than `world` pods, two live generations at once, or a rank
+        of a generation created twice."""
+        out = []
+        for t, snap in self.snapshots:
+            if len(snap) > world:
+                out.append("%d pods at once: %s" % (len(snap), snap))
+            live = {g for (_, _, _, g, phase, deleting) in snap
+                    if not deleting and phase not in ("Succeeded", "Failed")}
+            if len(live) > 1:
+                out.append("live pods of generations %s at once: %s" % (sorted(live), snap))
+        seen = {}
+        for uid, (name, rank, gen) in self.uids.items():
+            seen.setdefault((rank, gen), []).append(uid)
+        for key, uids in seen.items():
+            if len(uids) > 1:
+                out.append("rank %d generation %d created %d times" % (key[0], key[1], len(uids)))
+        return out
+
+    def generations(self):
+        gens = {}
+        for uid, (name, rank, gen) in self.uids.items():
+            gens.setdefault(gen, set()).add(rank)
+        return gens
+
+
+def checkpoints(ckpt_dir):
+    """Complete checkpoints (with MANIFEST), oldest first, as (step, path)."""
+    out = []
+    for d in glob.glob(os.path.join(ckpt_dir, "step-*")):
+        if os.path.exists(os.path.join(d, "MANIFEST")):
+            out.append((int(os.path.basename(d)[5:]), d))
+    return sorted(out)
+
+
+def outer_weights_finite(step_dir, world):
+    """Reads every rank file with the independent reader; True when every outer/theta
+    value is finite. Returns (ok, detail)."""
+    for r in range(world):
+        f = ckpt.read(os.path.join(step_dir, "rank-%05d.ckpt" % r))
+        for k, v in f.items():
+            if k.endswith("/outer") or k.endswith("/theta"):
+                vals = ckpt.values(v)
+                bad = sum(1 for x in vals if not math.isfinite(x))
+                if bad:
+                    return False, "%s rank %d %s: %d non-finite values" % (step_dir, r, k, bad)
+    return True, ""
+
+
+def yaml_exprs(path):
+    """(alert or record name, expr) of a Prometheus rules file; a small reader for the
+    two forms used there (`expr: one line` and `expr: |` blocks), standard library only."""
+    out, name = [], None
+    with open(path) as f:
+        lines = f.read().splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        s = line.strip()
+        if s.startswith("- alert:") or s.startswith("- record:"):
+            name = s.split(":", 1)[1].strip()
+        elif s.startswith("expr:"):
+            rest = s[5:].strip()
+            if rest in ("|", ">", "|-", ">-"):
+                indent = len(line) - len(line.lstrip())
+                block = []
+                i += 1
+                while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent):
+                    block.append(lines[i].strip())
+                    i += 1
+                out.append((name, " ".join(b for b in block if b)))
+                continue
+            out.append((name, rest.strip("'\"")))
+        i += 1
+    return out

@@ -115,6 +115,26 @@ int freePort() {
   return port;
 }
 
+// Debian's OpenBLAS 0.3.21 does not recognise recent Xeons and falls back to its SSE3
+// "Prescott" kernels (~4x slower GEMM). The kernel set is chosen when the library loads,
+// so it must be in the workers' environment. Never overrides a value already set (some
+// machines set it on purpose).
+std::string blasCoreType() {
+  if (const char* v = std::getenv("OPENBLAS_CORETYPE"); v && *v) return "";
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    const std::string flags = line + " ";
+    auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos; };
+    if (has("avx512_bf16")) return "Cooperlake";
+    if (has("avx512f") && has("avx512bw") && has("avx512vl")) return "SkylakeX";
+    if (has("avx2") && has("fma")) return "Haswell";
+    return "";
+  }
+  return "";
+}
+
 std::string workerBinary() {
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -260,8 +280,10 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  const std::string coreType = blasCoreType();
   std::cout << "edit-run: " << o.nproc << " workers (" << o.nproc / o.shards << " replicas x "
-            << o.shards << " shards), rendezvous 127.0.0.1:" << port << std::endl;
+            << o.shards << " shards), rendezvous 127.0.0.1:" << port
+            << (coreType.empty() ? "" : ", OPENBLAS_CORETYPE=" + coreType) << std::endl;
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < o.nproc; ++r) {
     Worker& w = ws[r];
@@ -292,6 +314,7 @@ int main(int argc, char** argv) {
       set("EDIT_BIND_ADDR", "127.0.0.1");
       set("EDIT_LOCAL_WORLD_SIZE", std::to_string(o.nproc));
       set("LOCAL_RANK", std::to_string(r));  // GPU builds: worker r uses GPU r % count
+      if (!coreType.empty()) set("OPENBLAS_CORETYPE", coreType);
       if (o.metricsPort >= 0) set("EDIT_METRICS_PORT", std::to_string(o.metricsPort + r));
       std::vector<std::string> args{bin};
       if (!o.config.empty()) args.insert(args.end(), {"--config", o.config});

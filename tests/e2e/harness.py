@@ -64,36 +64,6 @@ def make_data(d):
     return train, val
 
 
-_METRICS_PROBE = {}
-
-
-def worker_metrics_broken():
-    """None when edit-train can serve /metrics; else the reason (its error line).
-
-    Workaround for a runtime bug (see tests/e2e/README.md): civetweb's 100 KiB thread stack
-    is smaller than edit-train's static TLS (OpenBLAS + glog + LibTorch), pthread_create
-    fails with EINVAL and every worker given EDIT_METRICS_PORT exits 2."""
-    if "r" not in _METRICS_PROBE:
-        d = tempfile.mkdtemp(prefix="edit-metrics-probe-")
-        try:
-            env = dict(os.environ, EDIT_METRICS_HOST="127.0.0.1", EDIT_METRICS_PORT="0",
-                       EDIT_SET="runtime.threads=1")
-            env.pop("EDIT_CONFIG", None)
-            # Nonexistent data: a working build gets past metrics and fails on the data.
-            p = subprocess.run([os.path.join(RUNTIME_DIR, "edit-train"), "--set", "data.train=%s/none.bin" % d,
-                                "--set", "data.val=%s/none.bin" % d, "--set", "training.steps=1"],
-                               capture_output=True, text=True, timeout=60, env=env, cwd=d)
-            err = p.stderr + p.stdout
-            _METRICS_PROBE["r"] = next((l for l in err.splitlines() if "cannot start metrics" in l), None)
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
-    return _METRICS_PROBE["r"]
-
-
-def metrics_workaround_env():
-    """env entries that switch worker metrics off when they cannot work (spec.env comes
-    after the operator's variables, and the last one wins)."""
-    return [{"name": "EDIT_METRICS_PORT", "value": "-1"}] if worker_metrics_broken() else []
 
 
 def unique(prefix):
@@ -108,7 +78,7 @@ def job_manifest(name, ns, data_dir, ckpt_dir, master_port, steps=60, every=10, 
         "replicas": replicas, "shardsPerReplica": shards, "image": "unused.local/edit-runtime:test",
         "command": ["edit-train"], "masterPort": master_port,
         # One intra-op thread per worker: 4 workers share 2 cores.
-        "env": [{"name": "EDIT_SET", "value": "runtime.threads=1"}] + metrics_workaround_env() + list(env or []),
+        "env": [{"name": "EDIT_SET", "value": "runtime.threads=1"}] + list(env or []),
         "model": {"preset": "tiny", "dim": 64, "heads": 4, "ffnDim": 176, "layers": 2},
         "data": {"train": os.path.join(data_dir, "train.bin"), "val": os.path.join(data_dir, "val.bin"),
                  "seqLen": 32, "batchSize": 4, "valBatches": 4},

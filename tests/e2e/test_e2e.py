@@ -34,10 +34,6 @@ def render_manifest(name, ns, data_dir, ckpt_dir, master_port, steps):
     for k, v in {"@NAME@": name, "@NAMESPACE@": ns, "@DATA@": data_dir, "@CKPT@": ckpt_dir,
                  "@MASTER_PORT@": str(master_port), "@STEPS@": str(steps)}.items():
         text = text.replace(k, v)
-    extra = h.metrics_workaround_env()
-    if extra:  # the runtime metrics bug (README.md): switch worker metrics off
-        text = text.replace('      value: "runtime.threads=1"\n',
-                            '      value: "runtime.threads=1"\n    - name: EDIT_METRICS_PORT\n      value: "-1"\n')
     return text
 
 
@@ -222,7 +218,6 @@ class PrometheusScrape(Base):
         self.start_prometheus()
         t_prom = time.time()
         pods = self.c.running_pods(self.ns, self.name, 4, gen=0)
-        metrics_broken = h.worker_metrics_broken()
         targets = [{"targets": ["%s:9400" % p["status"]["podIP"]],
                     "labels": {"pod": p["metadata"]["name"]}} for p in pods]
         with open(self.targets_file + ".tmp", "w") as f:
@@ -258,8 +253,7 @@ class PrometheusScrape(Base):
             self.assertEqual(r.get("status"), "success", "%s: %s" % (expr, r))
             return r["data"]["result"]
 
-        worker_side = re.compile(r"\bedit_(train|sync|comm|pseudo)_")
-        empty, expected_empty, checked = [], [], 0
+        empty, checked = [], 0
         for path in sorted(glob.glob(os.path.join(h.ROOT, "dashboards", "*.json"))):
             with open(path) as fh:
                 dash = json.load(fh)
@@ -292,7 +286,7 @@ class PrometheusScrape(Base):
                     checked += 1
                     if not res:
                         where = "%s / %s: %s" % (os.path.basename(path), p.get("title"), expr)
-                        (expected_empty if metrics_broken and worker_side.search(expr) else empty).append(where)
+                        empty.append(where)
 
         rules = h.yaml_exprs(os.path.join(h.ROOT, "deploy", "prometheus", "edit-alerts.rules.yaml"))
         self.assertGreaterEqual(len(rules), 5)
@@ -304,13 +298,9 @@ class PrometheusScrape(Base):
         print("evaluated %d queries at t=%.0f; targets up: %s" % (
             checked, t_q, sorted((r["metric"].get("job"), r["metric"].get("instance"), r["value"][1]) for r in up)))
         print("alert expressions (series returned):", alert_results)
-        if expected_empty:
-            print("NO DATA because edit-train cannot serve /metrics (%s):\n  %s" % (
-                metrics_broken, "\n  ".join(expected_empty)))
         self.assertEqual(empty, [], "dashboard queries without data:\n  " + "\n  ".join(empty))
-        if not metrics_broken:
-            worker_up = [r for r in up if r["metric"].get("job") == "edit-workers" and r["value"][1] == "1"]
-            self.assertEqual(len(worker_up), 4, up)
+        worker_up = [r for r in up if r["metric"].get("job") == "edit-workers" and r["value"][1] == "1"]
+        self.assertEqual(len(worker_up), 4, up)
 
 
 if __name__ == "__main__":

@@ -237,6 +237,16 @@ TEST(Plan, HangRestartsTheGang) {
   EXPECT_EQ(condStatus(p.status, "Hung"), "True");
   EXPECT_TRUE(p.gangRestarted);
   EXPECT_EQ(condReason(p.status, "Restarting"), "Hung");
+  EXPECT_TRUE(p.deleteImmediately);  // stuck workers cannot use a grace period
+}
+
+TEST(Plan, SucceededReportsTheFullBudgetEvenWithStaleTelemetry) {
+  PlanInput in = input({}, {{"phase", "Running"}, {"progress", {{"step", 22}, {"totalSteps", 64}}}});
+  in.pods = {pod(0, "Succeeded"), pod(1, "Succeeded")};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Succeeded");
+  EXPECT_EQ(p.status["progress"]["step"], 64);
+  EXPECT_EQ(p.status["progress"]["etaSeconds"], 0);
 }
 
 TEST(Plan, StragglersAndReplace) {

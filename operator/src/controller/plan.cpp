@@ -291,6 +291,9 @@ class Planner {
       msg = "no training progress for hangTimeoutSeconds=" + std::to_string(spec_->hangTimeoutSeconds);
       cond("Hung", "True", "NoProgress", msg);
       event("Warning", "Hung", msg);
+      // Its workers are stuck (in a collective, or stopped): SIGTERM cannot make them
+      // checkpoint, so waiting out the grace period only delays the restart.
+      plan_.deleteImmediately = true;
     } else {
       return false;
     }
@@ -317,6 +320,14 @@ class Planner {
     if (findCondition(st_, "Restarting")) cond("Restarting", "False", "Completed", "job finished");
     event("Normal", "Succeeded", st_["message"]);
     mergeTelemetry();
+    // Every worker exited 0, so training reached its budget even when the last reports
+    // were lost (e.g. the operator restarted just before the end).
+    if (st_.contains("progress") && st_["progress"].is_object()) {
+      auto& p = st_["progress"];
+      const long total = p.value("totalSteps", 0L);
+      if (total > 0 && p.value("step", 0L) < total) p["step"] = total;
+      p["etaSeconds"] = 0;
+    }
     cleanup(false);
     scheduleTtl();
     return true;

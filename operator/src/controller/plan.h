@@ -52,6 +52,7 @@ struct Plan {
   bool ensureChildren = false;       // ConfigMap, Secret, Service, PodGroup must exist
   std::vector<int> ranksToCreate;    // in the current restartGeneration
   std::vector<std::string> podsToDelete;
+  bool deleteImmediately = false;    // a hung gang cannot checkpoint: no grace period
   bool deleteJob = false;            // TTL after finish expired
   bool gangRestarted = false;        // restartGeneration was bumped in this plan
   bool gangCreated = false;          // a whole gang is being created

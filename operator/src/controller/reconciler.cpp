@@ -211,7 +211,8 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
     if (!node.empty()) avoid_[ns + "/" + name][rank].insert(node);
   }
   for (const auto& [rank, node] : plan.replacedRanks) hub_.resetRank(ns, name, rank);
-  for (const auto& pod : plan.podsToDelete) client_.remove(res::Pods, ns, pod, "Background");
+  for (const auto& pod : plan.podsToDelete)
+    client_.remove(res::Pods, ns, pod, "Background", plan.deleteImmediately ? 0 : -1);
 
   if (job && plan.ensureChildren) {
     ensureToken(*job, true);

@@ -184,10 +184,15 @@ json Client::mergePatch(const ResourceType& rt, const std::string& ns, const std
 }
 
 bool Client::remove(const ResourceType& rt, const std::string& ns, const std::string& name,
-                    const std::string& propagationPolicy) {
+                    const std::string& propagationPolicy, long gracePeriodSeconds) {
   json opts = {{"kind", "DeleteOptions"}, {"apiVersion", "v1"}, {"propagationPolicy", propagationPolicy}};
+  std::string query = "?propagationPolicy=" + propagationPolicy;
+  if (gracePeriodSeconds >= 0) {
+    opts["gracePeriodSeconds"] = gracePeriodSeconds;
+    query += "&gracePeriodSeconds=" + std::to_string(gracePeriodSeconds);
+  }
   try {
-    request("DELETE", rt.path(ns, name) + "?propagationPolicy=" + propagationPolicy, &opts);
+    request("DELETE", rt.path(ns, name) + query, &opts);
     return true;
   } catch (const ApiError& e) {
     if (e.notFound()) return false;

@@ -75,8 +75,9 @@ class Client {
   json mergePatch(const ResourceType& rt, const std::string& ns, const std::string& name, const json& patch,
                   const std::string& subresource = "");
   // Deletes; a missing object is not an error. Returns false when it was already gone.
+  // gracePeriodSeconds < 0: the object's own grace period.
   bool remove(const ResourceType& rt, const std::string& ns, const std::string& name,
-              const std::string& propagationPolicy = "Background");
+              const std::string& propagationPolicy = "Background", long gracePeriodSeconds = -1);
 
   // Re-reads the object, lets `mutate` change its status and writes it through the
   // status subresource; retries on 409. `mutate` returns false to skip the write.

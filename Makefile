@@ -1,11 +1,12 @@
 # The two commands of the README:
 #   make quickstart   install deps, build, fetch the Brown corpus, train `tiny` with EDiT on 4 local workers
-#   make test         install deps, build everything, run every test (ctest)
+#   make test         install deps, build everything, run every test (ctest), plus the
+#                     ASan/UBSan unit tests and a bounded fuzzing run
 BUILD ?= build
 JOBS  ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build data quickstart test test-unit clean
+.PHONY: deps configure build data quickstart test test-unit sanitize clean
 
 deps:
 	scripts/install-deps.sh
@@ -22,8 +23,13 @@ data: build
 quickstart: data
 	$(BUILD)/runtime/edit-run --nproc 4 --config examples/local/tiny.yaml
 
-test: build data
+# ASan+UBSan unit tests and bounded fuzzing run first, so ctest's summary of the whole
+# suite is the last line of the output.
+test: build data sanitize
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+sanitize: deps
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-10} scripts/ci-sanitize.sh
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit

@@ -185,7 +185,7 @@ EDiTJobSpec parseSpec(const json& obj) {
   require(s.replicas >= 1 && s.replicas <= 4096, "spec.replicas", "must be in [1, 4096]");
   s.shardsPerReplica = static_cast<int>(getInt(spec, "shardsPerReplica", s.shardsPerReplica, p));
   require(s.shardsPerReplica >= 1 && s.shardsPerReplica <= 1024, "spec.shardsPerReplica", "must be in [1, 1024]");
-  require(s.worldSize() <= 16384, "spec.replicas", "replicas * shardsPerReplica must be <= 16384");
+  require(s.worldSize() <= 4096, "spec.replicas", "replicas * shardsPerReplica (the world size) must be at most 4096");
   s.gpusPerWorker = static_cast<int>(getInt(spec, "gpusPerWorker", 0, p));
   require(s.gpusPerWorker >= 0 && s.gpusPerWorker <= 64, "spec.gpusPerWorker", "must be in [0, 64]");
   s.image = getString(spec, "image", "", p);

@@ -6,7 +6,7 @@ BUILD ?= build
 JOBS  ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build data quickstart test test-unit sanitize clean
+.PHONY: deps configure build runtime data quickstart test test-unit sanitize clean
 
 deps:
 	scripts/install-deps.sh
@@ -17,7 +17,11 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-data: build
+# Only what the local training needs (quickstart does not wait for the operator and tests).
+runtime: configure
+	cmake --build $(BUILD) -j $(JOBS) --target edit-train edit-run edit-data
+
+data: runtime
 	EDIT_DATA_BIN=$(BUILD)/runtime/edit-data scripts/prepare-data.sh
 
 quickstart: data

@@ -351,7 +351,7 @@ TrainResult Trainer::run() {
   const int64_t budget = totalSteps_ * comm_->replicas();  // A-EDiT: replica-steps of the job
   double lastLoss = 0;
 
-  while (!done_) {
+  for (;;) {
     const int64_t t = step_;
     if (!aedit && t >= totalSteps_) break;
     if (aedit && synchronousAt(t) && t >= totalSteps_) break;

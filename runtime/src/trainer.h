@@ -118,7 +118,6 @@ class Trainer {
   int64_t lastCheckpointId_ = -1;
   int64_t controlId_ = 0;        // checkpoint id agreed at the last control exchange
   bool outerReady_ = false;
-  bool done_ = false;
 };
 
 // Set by edit-train's SIGTERM handler; every Trainer polls it.

@@ -66,6 +66,17 @@ def make_data(d):
 
 
 
+def stop_process(p, sig=signal.SIGTERM, grace=20):
+    """Signals a child and reaps it; SIGKILL after `grace` seconds."""
+    if p and p.poll() is None:
+        p.send_signal(sig)
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def unique(prefix):
     """Job and namespace names are global on this machine (/etc/hosts is shared)."""
     return "%s-%x%04x" % (prefix, os.getpid() & 0xffff, random.randrange(1 << 16))
@@ -147,13 +158,7 @@ class Cluster:
 
     def stop_standin(self, sig=signal.SIGTERM):
         p, self.standin = self.standin, None
-        if p and p.poll() is None:
-            p.send_signal(sig)
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_process(p, sig)
 
     # ---- the operator -----------------------------------------------------------------
     def start_operator(self, namespaces, extra=()):
@@ -206,13 +211,7 @@ class Cluster:
 
     def stop_operator(self, sig=signal.SIGTERM):
         p, self.op = self.op, None
-        if p and p.poll() is None:
-            p.send_signal(sig)
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_process(p, sig)
 
     def operator_metrics(self):
         host, port = self.metrics_addr.rsplit(":", 1)

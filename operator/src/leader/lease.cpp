@@ -27,6 +27,12 @@ std::string defaultIdentity() {
   return std::string(host) + "_" + std::to_string(getpid());
 }
 
+void LeaderElector::observe(const std::string& holder, const std::string& renew) {
+  observedHolder_ = holder;
+  observedRenew_ = renew;
+  observedAt_ = std::chrono::steady_clock::now();
+}
+
 bool LeaderElector::tryAcquireOrRenew() {
   namespace res = kube::resources;
   const std::string now = microTimeNow();
@@ -45,20 +51,14 @@ bool LeaderElector::tryAcquireOrRenew() {
       if (e.conflict()) return false;
       throw;
     }
-    observedHolder_ = s_.identity;
-    observedRenew_ = now;
-    observedAt_ = std::chrono::steady_clock::now();
+    observe(s_.identity, now);
     return true;
   }
   kube::json spec = lease->value("spec", kube::json::object());
   std::string holder = spec.value("holderIdentity", "");
   std::string renew = spec.value("renewTime", "");
   long holderDuration = spec.value("leaseDurationSeconds", duration);
-  if (holder != observedHolder_ || renew != observedRenew_) {
-    observedHolder_ = holder;
-    observedRenew_ = renew;
-    observedAt_ = std::chrono::steady_clock::now();
-  }
+  if (holder != observedHolder_ || renew != observedRenew_) observe(holder, renew);
   bool mine = holder == s_.identity;
   bool expired = holder.empty() ||
                  std::chrono::steady_clock::now() - observedAt_ > std::chrono::seconds(holderDuration);
@@ -77,9 +77,7 @@ bool LeaderElector::tryAcquireOrRenew() {
     if (e.conflict()) return false;
     throw;
   }
-  observedHolder_ = s_.identity;
-  observedRenew_ = now;
-  observedAt_ = std::chrono::steady_clock::now();
+  observe(s_.identity, now);
   return true;
 }
 

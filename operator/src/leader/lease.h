@@ -37,6 +37,9 @@ class LeaderElector {
   bool isLeader() const { return leader_; }
 
  private:
+  // Expiry is judged by our own clock from the moment the holder/renewTime last changed
+  // (clocks of other instances are not trusted), as client-go does.
+  void observe(const std::string& holder, const std::string& renew);
   kube::Client& client_;
   LeaseSettings s_;
   std::atomic<bool> leader_{false};

@@ -29,6 +29,7 @@ const std::vector<std::string> kPresets = {"tiny",     "small",    "llama-350m",
                                            "llama-3b", "llama-7b", "custom"};
 const std::vector<std::string> kModes = {"edit", "a-edit", "diloco", "localsgd", "ddp"};
 const std::vector<std::string> kBackends = {"auto", "gloo", "nccl"};
+const std::vector<std::string> kRecoveryModes = {"inPlace", "exit"};
 
 enum class Kind { I64, I32, U64, F64, Bool, Str };
 
@@ -301,6 +302,9 @@ std::vector<Field> fieldsOf(Config& c) {
   D("runtime.collectiveTimeoutSeconds", c.runtime.collectiveTimeoutSeconds,
     nums(0, 7 * 86400, true, false));
   S("runtime.backend", c.runtime.backend, oneOf(kBackends));
+  S("runtime.recovery", c.runtime.recovery, oneOf(kRecoveryModes));
+  D("runtime.rendezvousTimeoutSeconds", c.runtime.rendezvousTimeoutSeconds,
+    nums(1, 7 * 86400, true, false));
   return f;
 }
 

@@ -123,6 +123,11 @@ struct RuntimeConfig {
   int threads = 0;            // intra-op threads (0: cores / local workers)
   double collectiveTimeoutSeconds = 300;
   std::string backend = "auto";  // auto | gloo | nccl
+  // When a peer dies in a local phase: "inPlace" keeps this process, waits for the
+  // replacement and re-forms the process groups (docs/replica-recovery.md); "exit" exits
+  // 75 so the launcher restarts the gang from the newest checkpoint.
+  std::string recovery = "inPlace";
+  double rendezvousTimeoutSeconds = 600;  // how long survivors wait for replacements
 };
 
 struct Config {

@@ -56,6 +56,9 @@ MeshSpec MeshSpec::fromEnvironment() {
   if (!bind || !*bind) bind = std::getenv("POD_IP");
   m.bindAddr = bind ? bind : "";
   m.storePrefix = "gen" + env("EDIT_RESTART_GENERATION", "0") + "/";
+  const std::string join = env("EDIT_JOIN", "0");
+  if (join != "0" && join != "1") throw std::runtime_error("EDIT_JOIN must be 0 or 1 (got \"" + join + "\")");
+  m.join = join == "1";
   if (m.world < 1) throw std::runtime_error("WORLD_SIZE must be >= 1");
   if (m.rank < 0 || m.rank >= m.world)
     throw std::runtime_error("RANK must be in [0, WORLD_SIZE) (got " + std::to_string(m.rank) + ")");
@@ -76,16 +79,27 @@ const char* groupName(Group g) {
   }
 }
 
-Comm::Comm(const MeshSpec& spec) : spec_(spec) {
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeoutSeconds * 1000));
+c10::intrusive_ptr<c10d::Store> connectStore(const MeshSpec& spec) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(spec.masterPort);
-  opts.isServer = spec.rank == 0;
+  opts.isServer = spec.rank == 0 && !spec.join;
   opts.numWorkers = spec.world;
   opts.waitWorkers = false;
-  opts.timeout = timeout;
-  auto tcp = c10::make_intrusive<c10d::TCPStore>(spec.masterAddr, opts);
-  store_ = c10::make_intrusive<c10d::PrefixStore>(spec.storePrefix, tcp);
+  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeoutSeconds * 1000));
+  return c10::make_intrusive<c10d::TCPStore>(spec.masterAddr, opts);
+}
+
+Comm::Comm(const MeshSpec& spec) : spec_(spec) { build(connectStore(spec), spec.storePrefix); }
+
+Comm::Comm(const MeshSpec& spec, c10::intrusive_ptr<c10d::Store> store, const std::string& prefix)
+    : spec_(spec) {
+  build(store, prefix);
+}
+
+void Comm::build(const c10::intrusive_ptr<c10d::Store>& base, const std::string& prefix) {
+  const auto& spec = spec_;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeoutSeconds * 1000));
+  store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, base);
 
 #ifndef EDIT_WITH_CUDA
   if (spec.backend == "nccl")
@@ -110,9 +124,16 @@ Comm::Comm(const MeshSpec& spec) : spec_(spec) {
     auto ps = c10::make_intrusive<c10d::PrefixStore>(name, store_);
     return c10::make_intrusive<c10d::ProcessGroupGloo>(ps, rank, size, o);
   };
-  world_ = make("world/", spec.rank, spec.world);
-  shard_ = make("shard" + std::to_string(replica()) + "/", shard(), spec.shards);
-  sync_ = make("sync" + std::to_string(shard()) + "/", replica(), spec.replicas);
+  try {
+    world_ = make("world/", spec.rank, spec.world);
+    shard_ = make("shard" + std::to_string(replica()) + "/", shard(), spec.shards);
+    sync_ = make("sync" + std::to_string(shard()) + "/", replica(), spec.replicas);
+  } catch (const c10::Error& e) {
+    throw PeerLost(std::string("forming the process groups failed (a peer did not arrive): ") +
+                   e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw PeerLost(std::string("forming the process groups failed (a peer did not arrive): ") + e.what());
+  }
 }
 
 Comm::~Comm() = default;
@@ -172,7 +193,7 @@ void Comm::allreduce(Group g, torch::Tensor& t, c10d::ReduceOp op) {
   std::vector<torch::Tensor> v{d};
   c10d::AllreduceOptions o;
   o.reduceOp = op;
-  p->allreduce(v, o)->wait();
+  await(p->allreduce(v, o), g, "allreduce");
   if (!d.is_same(t)) t.copy_(d);
   count(g, "allreduce", static_cast<uint64_t>(2.0 * (n - 1) / n * t.nbytes()), 0);
 }
@@ -187,7 +208,7 @@ void Comm::allgather(Group g, const torch::Tensor& in, std::vector<torch::Tensor
   for (auto& o : out) staging.push_back(staged(o));
   std::vector<std::vector<torch::Tensor>> outs{staging};
   std::vector<torch::Tensor> ins{staged(in)};
-  p->allgather(outs, ins)->wait();
+  await(p->allgather(outs, ins), g, "allgather");
   for (size_t i = 0; i < out.size(); ++i)
     if (!staging[i].is_same(out[i])) out[i].copy_(staging[i]);
   count(g, "allgather", static_cast<uint64_t>(size(g) - 1) * in.nbytes(), 0);
@@ -203,7 +224,7 @@ void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
     // NCCL has a real reduce-scatter.
     auto mine = full.narrow(0, me * chunk, chunk);
     auto out = torch::empty_like(mine);
-    p->_reduce_scatter_base(out, full)->wait();
+    await(p->_reduce_scatter_base(out, full), g, "reduce_scatter");
     mine.copy_(out);
     count(g, "reduce_scatter", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
     return;
@@ -219,8 +240,8 @@ void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
     const int tag = (tag_++) & 0xffff;
     auto sw = p->send(s, next, tag);
     auto rw = p->recv(r, prev, tag);
-    rw->wait();
-    sw->wait();
+    await(rw, g, "reduce_scatter");
+    await(sw, g, "reduce_scatter");
     part(me - k - 2).add_(tmp);
   }
   count(g, "reduce_scatter", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
@@ -231,8 +252,30 @@ void Comm::barrier(Group g) {
   if (!p) return;
   auto t = staged(torch::zeros({1}));
   std::vector<torch::Tensor> v{t};
-  p->allreduce(v)->wait();
+  await(p->allreduce(v), g, "barrier");
   count(g, "barrier", 0, 0);
+}
+
+void Comm::broadcast(Group g, torch::Tensor& t, int root) {
+  auto* p = pg(g);
+  if (!p) return;
+  auto d = staged(t);
+  std::vector<torch::Tensor> v{d};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  await(p->broadcast(v, o), g, "broadcast");
+  if (!d.is_same(t)) t.copy_(d);
+  count(g, "broadcast", static_cast<uint64_t>(t.nbytes()), 0);
+}
+
+void Comm::await(const c10::intrusive_ptr<c10d::Work>& w, Group g, const char* op) {
+  try {
+    w->wait();
+  } catch (const c10::Error& e) {
+    throw PeerLost(std::string(op) + " on the " + groupName(g) + " group failed: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw PeerLost(std::string(op) + " on the " + groupName(g) + " group failed: " + e.what());
+  }
 }
 
 CommStream::CommStream(Comm& comm, int device) : comm_(comm), device_(device) {
@@ -269,6 +312,15 @@ Pending CommStream::enqueue(std::function<void()> task) {
     p.event = after;
   }
 #endif
+  task = [this, t = std::move(task)] {
+    if (aborted_) throw PeerLost("skipped: an earlier collective failed");
+    try {
+      t();
+    } catch (...) {
+      aborted_ = true;  // later tasks would run collectives the peers never join
+      throw;
+    }
+  };
   std::packaged_task<void()> pt(std::move(task));
   p.done = pt.get_future().share();
   {

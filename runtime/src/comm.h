@@ -15,11 +15,13 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <future>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -33,20 +35,36 @@ struct MeshSpec {
   int masterPort = 29500;
   std::string bindAddr;          // interface address for Gloo ("" = resolve hostname)
   double timeoutSeconds = 300;
-  std::string storePrefix;       // distinguishes rendezvous generations
+  std::string storePrefix;       // distinguishes gang-restart generations
+  bool join = false;             // EDIT_JOIN=1: a replacement joining a running job
   std::string backend = "gloo";  // gloo | nccl (nccl only in EDIT_WITH_CUDA builds)
   int device = -1;               // CUDA device index for nccl (-1: CPU)
   // From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, EDIT_REPLICAS, EDIT_SHARDS,
-  // EDIT_BIND_ADDR / POD_IP, EDIT_RESTART_GENERATION. Throws with the variable named.
+  // EDIT_BIND_ADDR / POD_IP, EDIT_RESTART_GENERATION, EDIT_JOIN. Throws with the variable named.
   static MeshSpec fromEnvironment();
 };
 
 enum class Group { Shard, Sync, World };
 const char* groupName(Group g);
 
+// A collective failed or timed out: a peer died, hung, or left for recovery. Every wait
+// on a process group converts its error to this, so the trainer can tell a lost peer
+// from a bug and recover in place (docs/replica-recovery.md).
+struct PeerLost : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The c10d TCPStore of a job, hosted by rank 0 and connected to by everyone else. It
+// outlives process groups: after a peer is lost, the survivors and its replacement meet
+// here again under a new recovery generation.
+c10::intrusive_ptr<c10d::Store> connectStore(const MeshSpec& spec);
+
 class Comm {
  public:
+  // Connects its own store (tests, single-generation use).
   explicit Comm(const MeshSpec& spec);
+  // Process groups over `store` under `prefix` (one prefix per recovery generation).
+  Comm(const MeshSpec& spec, c10::intrusive_ptr<c10d::Store> store, const std::string& prefix);
   ~Comm();
 
   int rank() const { return spec_.rank; }
@@ -67,6 +85,8 @@ class Comm {
   // reduce_scatter: this is a ring of send/recv, which sends the optimal (n-1)/n bytes.
   void reduceScatterSum(Group g, torch::Tensor& full);
   void barrier(Group g);
+  // In place: every rank of the group gets `root`'s `t` (root = rank within the group).
+  void broadcast(Group g, torch::Tensor& t, int root);
 
   // Counters (thread-safe). wait time is recorded by the waiter, see CommStream.
   void addWait(Group g, const std::string& op, double seconds);
@@ -78,6 +98,8 @@ class Comm {
   // NCCL needs device tensors: host tensors are staged through the device.
   torch::Tensor staged(const torch::Tensor& t) const;
   void count(Group g, const std::string& op, uint64_t bytes, double waitSeconds);
+  void await(const c10::intrusive_ptr<c10d::Work>& w, Group g, const char* op);
+  void build(const c10::intrusive_ptr<c10d::Store>& base, const std::string& prefix);
 
   MeshSpec spec_;
   c10::intrusive_ptr<c10d::Store> store_;
@@ -108,6 +130,9 @@ class CommStream {
   // Blocks until the task is done; rethrows its exception; counts the wait. On GPU the
   // training stream then waits for the task's kernels.
   void wait(const Pending& p, Group g, const std::string& op);
+  // After a failure: tasks not yet started fail at once instead of running collectives
+  // that can no longer match across ranks. The task in flight (if any) finishes or fails.
+  void abort() { aborted_ = true; }
 
  private:
   void loop();
@@ -118,6 +143,7 @@ class CommStream {
   std::condition_variable cv_;
   std::deque<std::packaged_task<void()>> queue_;
   bool stop_ = false;
+  std::atomic<bool> aborted_{false};
   std::thread thread_;
 };
 

@@ -289,6 +289,8 @@ std::vector<Field> fieldsOf(Config& c) {
   S("telemetry.addr", c.telemetry.addr, str(kMaxHost + 6));
   S("telemetry.token", c.telemetry.token, str(kMaxPath, false, true));
   I("telemetry.everySteps", c.telemetry.everySteps, ints(1));
+  S("telemetry.tlsCaFile", c.telemetry.tlsCaFile, str(kMaxPath));
+  S("telemetry.tlsServerName", c.telemetry.tlsServerName, str(kMaxHost));
   auto& sd = c.debug.injectStepDelay;
   N("debug.injectStepDelay.rank", sd.rank, ints(-1, 1 << 20));
   D("debug.injectStepDelay.seconds", sd.seconds, nums(0, 3600, false, false));
@@ -298,6 +300,8 @@ std::vector<Field> fieldsOf(Config& c) {
   I("debug.corruptReplica.atSync", cr.atSync, ints(1));
   D("debug.corruptReplica.scale", cr.scale, nums(0, 1e6, false, false));
   B("debug.corruptReplica.nan", cr.nan);
+  N("debug.killAtStep.rank", c.debug.killAtStep.rank, ints(-1, 1 << 20));
+  I("debug.killAtStep.step", c.debug.killAtStep.step, ints(0));
   N("runtime.threads", c.runtime.threads, ints(0, 4096));
   D("runtime.collectiveTimeoutSeconds", c.runtime.collectiveTimeoutSeconds,
     nums(0, 7 * 86400, true, false));
@@ -498,6 +502,8 @@ void applyEnvironment(Config& cfg) {
   static const std::pair<const char*, const char*> kVars[] = {
       {"EDIT_TELEMETRY_ADDR", "telemetry.addr"},
       {"EDIT_TELEMETRY_TOKEN", "telemetry.token"},
+      {"EDIT_TELEMETRY_CA_FILE", "telemetry.tlsCaFile"},
+      {"EDIT_TELEMETRY_SERVER_NAME", "telemetry.tlsServerName"},
       {"EDIT_CHECKPOINT_DIR", "checkpoint.dir"},
       {"EDIT_METRICS_PORT", "metrics.port"},
       {"EDIT_METRICS_HOST", "metrics.host"}};
@@ -564,6 +570,8 @@ void validate(const Config& cfg) {
     if (colon == 0 || port.empty() || *end || p < 1 || p > 65535)
       throw ConfigError("telemetry.addr: must be host:port (got \"" + addr.substr(0, 64) + "\")");
   }
+  if (!cfg.telemetry.tlsServerName.empty() && cfg.telemetry.tlsCaFile.empty())
+    throw ConfigError("telemetry.tlsServerName: needs telemetry.tlsCaFile (TLS is on only with a CA bundle)");
 }
 
 std::string toYaml(const Config& cfg) {

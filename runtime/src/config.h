@@ -99,6 +99,12 @@ struct TelemetryConfig {
   std::string addr = "";      // operator gRPC endpoint host:port (env EDIT_TELEMETRY_ADDR)
   std::string token = "";     // per-job token (env EDIT_TELEMETRY_TOKEN); never logged
   int64_t everySteps = 1;
+  // PEM CA bundle that verifies the operator's certificate; non-empty: TLS, never a
+  // plaintext fallback (env EDIT_TELEMETRY_CA_FILE).
+  std::string tlsCaFile = "";
+  // Name checked in the operator's certificate instead of addr's host; needs tlsCaFile
+  // (env EDIT_TELEMETRY_SERVER_NAME).
+  std::string tlsServerName = "";
 };
 
 struct StepDelay {
@@ -114,9 +120,15 @@ struct CorruptReplica {
   bool nan = false;           // write a NaN instead of noise
 };
 
+struct KillAtStep {
+  int rank = -1;              // rank that kills itself with SIGKILL (-1: none)
+  int64_t step = 0;           // at the start of this step; never in a replacement
+};
+
 struct DebugConfig {
   StepDelay injectStepDelay;
   CorruptReplica corruptReplica;
+  KillAtStep killAtStep;
 };
 
 struct RuntimeConfig {
@@ -153,7 +165,8 @@ Config loadConfigFile(const std::string& path);
 void applyOverrides(Config& cfg, const std::vector<std::string>& assignments);
 
 // Reads EDIT_SET and the single-purpose variables (EDIT_TELEMETRY_ADDR,
-// EDIT_TELEMETRY_TOKEN, EDIT_CHECKPOINT_DIR, EDIT_METRICS_PORT) from the environment.
+// EDIT_TELEMETRY_TOKEN, EDIT_TELEMETRY_CA_FILE, EDIT_TELEMETRY_SERVER_NAME,
+// EDIT_CHECKPOINT_DIR, EDIT_METRICS_PORT) from the environment.
 void applyEnvironment(Config& cfg);
 
 // Cross-field checks (e.g. a-edit needs syncSeconds > 0; heads divide dim).

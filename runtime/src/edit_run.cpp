@@ -1,6 +1,7 @@
 // edit-run: the local launcher (like torchrun). Starts N edit-train workers on this
-// machine over loopback, streams one progress line, stops everyone if a worker fails,
-// forwards Ctrl-C/SIGTERM (workers checkpoint, then exit), and ends with a summary.
+// machine over loopback, streams one progress line, replaces a worker that dies (the
+// others recover in place, docs/replica-recovery.md) or stops everyone when that cannot
+// help, forwards Ctrl-C/SIGTERM (workers checkpoint, then exit), and ends with a summary.
 //
 //   edit-run --nproc 4 [--shards 2] --config examples/local/tiny.yaml [--set k=v]...
 #include <fcntl.h>
@@ -33,7 +34,7 @@ volatile sig_atomic_t gSignal = 0;
 void onSignal(int s) { gSignal = s; }
 
 struct Options {
-  int nproc = 4, shards = 1, masterPort = 0, metricsPort = -1;
+  int nproc = 4, shards = 1, masterPort = 0, metricsPort = -1, maxRecoveries = 3;
   std::string config, logDir;
   std::vector<std::string> sets;
   bool quiet = false;
@@ -42,7 +43,8 @@ struct Options {
 [[noreturn]] void usage(int code) {
   std::cerr <<
       "usage: edit-run [--nproc N] [--shards S] [--config FILE] [--set key=value]...\n"
-      "                [--master-port P] [--metrics-port P] [--log-dir DIR] [--quiet]\n"
+      "                [--master-port P] [--metrics-port P] [--log-dir DIR]\n"
+      "                [--max-recoveries K] [--quiet]\n"
       "  Starts N workers (N = replicas x shards) of edit-train on this machine.\n"
       "  --nproc N         workers (default 4)\n"
       "  --shards S        shards per replica (ZeRO-3 group size); replicas = N / S\n"
@@ -51,6 +53,8 @@ struct Options {
       "  --master-port P   rendezvous port (default: a free port)\n"
       "  --metrics-port P  serve worker r's /metrics on port P+r (default: off)\n"
       "  --log-dir DIR     also write each worker's full output to DIR/rank-R.log\n"
+      "  --max-recoveries K  replace a dead worker (rank > 0) at most K times; the\n"
+      "                    others recover in place (default 3; 0: stop everyone)\n"
       "  --quiet           no progress lines, only the summary\n";
   std::exit(code);
 }
@@ -83,6 +87,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--master-port") o.masterPort = num(next());
     else if (a == "--metrics-port") o.metricsPort = num(next());
     else if (a == "--log-dir") o.logDir = next();
+    else if (a == "--max-recoveries") o.maxRecoveries = num(next());
     else if (a == "--quiet") o.quiet = true;
     else if (a == "-h" || a == "--help") usage(0);
     else {
@@ -149,6 +154,7 @@ std::string workerBinary() {
 
 struct Worker {
   int rank = 0;
+  int incarnation = 0;  // 0: started with the job; k: k-th replacement
   pid_t pid = -1;
   int out = -1, err = -1;
   std::string outBuf, errBuf;
@@ -166,6 +172,9 @@ std::string human(double v) {
   return b;
 }
 
+// JSON has no NaN: a worker's non-finite loss arrives as null.
+double num(const json& v) { return v.is_number() ? v.get<double>() : std::nan(""); }
+
 void progressLine(const std::vector<Worker>& ws) {
   // Loss averaged over replicas (shard 0 of each); tokens/s summed over all workers.
   double loss = 0, tps = 0, wait = 0, stepSec = 0;
@@ -177,13 +186,13 @@ void progressLine(const std::vector<Worker>& ws) {
     if (w.last.is_null()) return;
     const auto& j = w.last;
     if (j["shard"] == 0) {
-      loss += j["loss"].get<double>();
+      loss += num(j["loss"]);
       ++nLoss;
       anomalies += j["anomalies"].get<uint64_t>();
     }
-    tps += j["tps"].get<double>();
-    wait = std::max(wait, j["comm_wait"].get<double>());
-    stepSec = std::max(stepSec, j["step_seconds"].get<double>());
+    tps += num(j["tps"]);
+    wait = std::max(wait, num(j["comm_wait"]));
+    stepSec = std::max(stepSec, num(j["step_seconds"]));
     const int64_t s = j["step"].get<int64_t>();
     step = step < 0 ? s : std::min(step, s);
     total = j["total"].get<int64_t>();
@@ -217,15 +226,29 @@ void summary(const std::vector<Worker>& ws, double wall) {
     const double secs = s["seconds"].get<double>();
     std::printf("%-5d %-7d %-5d %7lld %9.4f %10s %6llu %9llu %9.1f%%\n", w.rank,
                 s["replica"].get<int>(), s["shard"].get<int>(),
-                static_cast<long long>(s["steps"].get<int64_t>()), s["loss"].get<double>(),
+                static_cast<long long>(s["steps"].get<int64_t>()), num(s["loss"]),
                 human(s["tps"].get<double>()).c_str(),
                 static_cast<unsigned long long>(s["sync_rounds"].get<uint64_t>()),
                 static_cast<unsigned long long>(s["anomalies"].get<uint64_t>()),
                 100.0 * s["comm_wait"].get<double>() / std::max(1e-9, secs));
     tps += s["tps"].get<double>();
     tokens += s["tokens"].get<uint64_t>();
-    val = s["val_loss"].get<double>();
+    val = s["val_loss"].is_number() ? s["val_loss"].get<double>() : -1;
   }
+  int replaced = 0, recoveries = 0;
+  double recoverySecs = 0;
+  int64_t rolledBack = 0;
+  for (const auto& w : ws) {
+    replaced += w.incarnation;
+    if (w.summary.is_null() || w.summary.value("joined", false)) continue;
+    recoveries = std::max(recoveries, w.summary.value("recoveries", 0));
+    recoverySecs = std::max(recoverySecs, w.summary.value("recovery_seconds", 0.0));
+    rolledBack = std::max<int64_t>(rolledBack, w.summary.value("steps_rolled_back", int64_t{0}));
+  }
+  if (replaced > 0)
+    std::printf("\nrecovery: %d worker(s) replaced, %d in-place recovery(ies); survivors rolled back at most "
+                "%lld step(s) and spent at most %.1f s recovering\n",
+                replaced, recoveries, static_cast<long long>(rolledBack), recoverySecs);
   std::printf("\ntotal: %s tokens in %.1f s, %s tok/s", human(tokens).c_str(), wall, human(tps).c_str());
   if (val >= 0) std::printf(", validation loss %.4f", val);
   std::printf("\n");
@@ -267,6 +290,57 @@ void drain(Worker& w, int fd, std::string& buf, bool isErr, std::vector<Worker>&
   }
 }
 
+// Starts (or restarts, as a replacement with EDIT_JOIN=1) worker w.rank.
+bool spawn(Worker& w, const Options& o, const std::string& bin, int port, const std::string& coreType,
+           bool join) {
+  const int r = w.rank;
+  int out[2], err[2];
+  if (::pipe(out) != 0 || ::pipe(err) != 0) {
+    std::perror("edit-run: pipe");
+    return false;
+  }
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::close(out[0]);
+    ::close(err[0]);
+    ::setpgid(0, 0);  // Ctrl-C reaches edit-run only; it forwards SIGTERM
+    auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
+    set("RANK", std::to_string(r));
+    set("WORLD_SIZE", std::to_string(o.nproc));
+    set("EDIT_REPLICAS", std::to_string(o.nproc / o.shards));
+    set("EDIT_SHARDS", std::to_string(o.shards));
+    set("MASTER_ADDR", "127.0.0.1");
+    set("MASTER_PORT", std::to_string(port));
+    set("EDIT_BIND_ADDR", "127.0.0.1");
+    set("EDIT_LOCAL_WORLD_SIZE", std::to_string(o.nproc));
+    set("LOCAL_RANK", std::to_string(r));  // GPU builds: worker r uses GPU r % count
+    set("EDIT_JOIN", join ? "1" : "0");
+    if (!coreType.empty()) set("OPENBLAS_CORETYPE", coreType);
+    if (o.metricsPort >= 0) set("EDIT_METRICS_PORT", std::to_string(o.metricsPort + r));
+    std::vector<std::string> args{bin};
+    if (!o.config.empty()) args.insert(args.end(), {"--config", o.config});
+    for (const auto& s : o.sets) args.insert(args.end(), {"--set", s});
+    std::vector<char*> cargs;
+    for (auto& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    ::execvp(cargs[0], cargs.data());
+    std::perror("edit-run: exec edit-train");
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  w.pid = pid;
+  w.out = out[0];
+  w.err = err[0];
+  w.exited = false;
+  w.code = 0;
+  w.last = json();
+  w.summary = json();
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -286,54 +360,15 @@ int main(int argc, char** argv) {
             << (coreType.empty() ? "" : ", OPENBLAS_CORETYPE=" + coreType) << std::endl;
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < o.nproc; ++r) {
-    Worker& w = ws[r];
-    w.rank = r;
+    ws[r].rank = r;
     if (!o.logDir.empty()) {
       ::mkdir(o.logDir.c_str(), 0755);
-      w.log.open(o.logDir + "/rank-" + std::to_string(r) + ".log");
+      ws[r].log.open(o.logDir + "/rank-" + std::to_string(r) + ".log");
     }
-    int out[2], err[2];
-    if (::pipe(out) != 0 || ::pipe(err) != 0) {
-      std::perror("edit-run: pipe");
-      return 1;
-    }
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(out[1], 1);
-      ::dup2(err[1], 2);
-      ::close(out[0]);
-      ::close(err[0]);
-      ::setpgid(0, 0);  // Ctrl-C reaches edit-run only; it forwards SIGTERM
-      auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
-      set("RANK", std::to_string(r));
-      set("WORLD_SIZE", std::to_string(o.nproc));
-      set("EDIT_REPLICAS", std::to_string(o.nproc / o.shards));
-      set("EDIT_SHARDS", std::to_string(o.shards));
-      set("MASTER_ADDR", "127.0.0.1");
-      set("MASTER_PORT", std::to_string(port));
-      set("EDIT_BIND_ADDR", "127.0.0.1");
-      set("EDIT_LOCAL_WORLD_SIZE", std::to_string(o.nproc));
-      set("LOCAL_RANK", std::to_string(r));  // GPU builds: worker r uses GPU r % count
-      if (!coreType.empty()) set("OPENBLAS_CORETYPE", coreType);
-      if (o.metricsPort >= 0) set("EDIT_METRICS_PORT", std::to_string(o.metricsPort + r));
-      std::vector<std::string> args{bin};
-      if (!o.config.empty()) args.insert(args.end(), {"--config", o.config});
-      for (const auto& s : o.sets) args.insert(args.end(), {"--set", s});
-      std::vector<char*> cargs;
-      for (auto& a : args) cargs.push_back(a.data());
-      cargs.push_back(nullptr);
-      ::execvp(cargs[0], cargs.data());
-      std::perror("edit-run: exec edit-train");
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    ::close(err[1]);
-    w.pid = pid;
-    w.out = out[0];
-    w.err = err[0];
+    if (!spawn(ws[r], o, bin, port, coreType, false)) return 1;
   }
 
-  int failedCode = 0, failedRank = -1;
+  int failedCode = 0, failedRank = -1, recoveries = 0;
   bool stopping = false;
   auto stopAll = [&](int sig) {
     for (auto& w : ws)
@@ -367,6 +402,27 @@ int main(int argc, char** argv) {
         if (w.pid != pid) continue;
         w.exited = true;
         w.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        // A crashed or killed worker (not exit 2: bad input; not 75: its peers could not
+        // recover; not 143: stopped) is replaced while the others wait for it. Rank 0
+        // hosts the rendezvous store, so its loss ends the run.
+        const bool replaceable = w.code != 0 && w.code != 2 && w.code != 75 && w.code != 143 &&
+                                 w.code != 127 && w.rank != 0;
+        if (replaceable && !stopping && recoveries < o.maxRecoveries) {
+          ++recoveries;
+          std::cerr << "edit-run: worker " << w.rank << " exited with code " << w.code
+                    << "; starting a replacement (recovery " << recoveries << " of " << o.maxRecoveries
+                    << "), the other workers recover in place" << std::endl;
+          // Keep what the dead worker printed, then reuse the slot.
+          while (w.out >= 0 || w.err >= 0) {
+            bool open = true;
+            if (w.out >= 0) { drain(w, w.out, w.outBuf, false, ws, o.quiet, open); if (!open) { ::close(w.out); w.out = -1; } }
+            open = true;
+            if (w.err >= 0) { drain(w, w.err, w.errBuf, true, ws, o.quiet, open); if (!open) { ::close(w.err); w.err = -1; } }
+          }
+          w.incarnation++;
+          if (!spawn(w, o, bin, port, coreType, true)) return 1;
+          continue;
+        }
         if (w.code != 0 && failedRank < 0 && !stopping) {
           failedRank = w.rank;
           failedCode = w.code;

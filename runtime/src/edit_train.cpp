@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
     if (!cfg.telemetry.addr.empty())
       telemetry = std::make_unique<TelemetryClient>(
           cfg.telemetry.addr, cfg.telemetry.token, envOr("EDIT_NAMESPACE", "default"), job,
-          envOr("POD_NAME", envOr("HOSTNAME", "local")), envOr("NODE_NAME", ""));
+          envOr("POD_NAME", envOr("HOSTNAME", "local")), envOr("NODE_NAME", ""),
+          TelemetryTls{cfg.telemetry.tlsCaFile, cfg.telemetry.tlsServerName});
   } catch (const std::exception& e) {
     std::cerr << tag << "cannot start metrics/telemetry: " << e.what() << "\n";
     return kExitInvalidInput;
@@ -160,7 +161,9 @@ int main(int argc, char** argv) {
               {"seconds", res.seconds}, {"tps", res.tokens / std::max(1e-9, res.seconds)},
               {"sync_rounds", res.syncRounds}, {"anomalies", res.anomalies},
               {"comm_wait", wait}, {"resumed_from", res.resumedFrom},
-              {"stopped", res.stopped}, {"comm", comm}};
+              {"stopped", res.stopped}, {"joined", res.joined}, {"recoveries", res.recoveries},
+              {"recovery_seconds", res.recoverySeconds}, {"steps_rolled_back", res.stepsRolledBack},
+              {"comm", comm}};
     std::cout << "@edit-summary " << s.dump() << std::endl;
     return res.stopped ? kExitTerminated : kExitOk;
   } catch (const ConfigError& e) {
@@ -169,6 +172,9 @@ int main(int argc, char** argv) {
   } catch (const data::DataError& e) {
     std::cerr << tag << "invalid data: " << e.what() << "\n";
     return kExitInvalidInput;
+  } catch (const PeerLost& e) {
+    std::cerr << tag << "peer lost: " << e.what() << "\n";
+    return kExitPeerLost;
   } catch (const c10::Error& e) {
     // Collectives fail this way when a peer dies or times out: retryable.
     std::cerr << tag << "collective failed (peer lost?): " << e.what_without_backtrace() << "\n";

@@ -9,12 +9,16 @@
 #include <prometheus/registry.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -169,6 +173,8 @@ namespace pb = ::edit::v1alpha1;
 
 struct TelemetryClient::Impl {
   std::string addr;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string serverNameOverride;  // empty: the address's host
   pb::WorkerReport identity;  // namespace, job, token, pod, node
 
   std::mutex mu;
@@ -210,7 +216,8 @@ void TelemetryClient::Impl::run() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
-  auto channel = grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
+  if (!serverNameOverride.empty()) args.SetSslTargetNameOverride(serverNameOverride);
+  auto channel = grpc::CreateCustomChannel(addr, credentials, args);
   auto stub = pb::Telemetry::NewStub(channel);
   std::mt19937_64 rng(std::random_device{}());
   std::chrono::milliseconds backoff(100);
@@ -269,10 +276,40 @@ void TelemetryClient::Impl::run() {
   }
 }
 
+namespace {
+
+// The CA bundle of telemetry.tlsCaFile. Read once here so that a bad path stops the
+// worker at startup instead of leaving the stream to fail handshakes forever.
+std::string readCaBundle(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw std::runtime_error("telemetry.tlsCaFile: cannot read " + path + ": " + std::strerror(errno) +
+                             " (EDIT_TELEMETRY_CA_FILE; the PEM CA bundle that verifies the operator)");
+  std::ostringstream out;
+  out << in.rdbuf();
+  std::string pem = out.str();
+  if (pem.find("-----BEGIN CERTIFICATE-----") == std::string::npos)
+    throw std::runtime_error("telemetry.tlsCaFile: " + path + " holds no PEM certificate");
+  return pem;
+}
+
+}  // namespace
+
 TelemetryClient::TelemetryClient(const std::string& addr, const std::string& token,
                                  const std::string& ns, const std::string& job,
-                                 const std::string& pod, const std::string& node)
+                                 const std::string& pod, const std::string& node,
+                                 const TelemetryTls& tls)
     : impl_(std::make_unique<Impl>()) {
+  if (!tls.serverName.empty() && tls.caFile.empty())
+    throw std::runtime_error("telemetry.tlsServerName: needs telemetry.tlsCaFile (TLS is on only with a CA bundle)");
+  if (tls.caFile.empty()) {
+    impl_->credentials = grpc::InsecureChannelCredentials();
+  } else {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = readCaBundle(tls.caFile);
+    impl_->credentials = grpc::SslCredentials(options);
+    impl_->serverNameOverride = tls.serverName;
+  }
   impl_->addr = addr;
   impl_->identity.set_namespace_(ns);
   impl_->identity.set_job(job);

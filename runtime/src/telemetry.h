@@ -34,14 +34,23 @@ class WorkerMetrics {
 // Commands the operator can send back.
 enum class OperatorCommand { None, Checkpoint, Stop };
 
+// TLS for the report stream (config telemetry.tlsCaFile / telemetry.tlsServerName).
+struct TelemetryTls {
+  std::string caFile;      // PEM CA bundle that verifies the operator; empty: plaintext
+  std::string serverName;  // name checked in the operator's certificate instead of the address's host
+};
+
 // Streams reports to the operator (proto/edit/v1alpha1/telemetry.proto). Never blocks the
 // training thread: send() queues the newest report and a background thread delivers it,
 // reconnecting with backoff; a report overwritten before it was sent is dropped (the
-// counters are cumulative). The token is never logged.
+// counters are cumulative). The token is never logged. With tls.caFile the stream is TLS
+// and never falls back to plaintext; an unreadable CA file throws std::runtime_error
+// naming telemetry.tlsCaFile (at construction, i.e. at worker startup).
 class TelemetryClient {
  public:
   TelemetryClient(const std::string& addr, const std::string& token, const std::string& ns,
-                  const std::string& job, const std::string& pod, const std::string& node);
+                  const std::string& job, const std::string& pod, const std::string& node,
+                  const TelemetryTls& tls = {});
   ~TelemetryClient();
   void send(const StepReport& r);
   // The newest command received and not yet taken (None if none).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -64,7 +65,14 @@ bool Trainer::synchronousAt(int64_t t) const {
 void Trainer::setup() {
   shape_ = shapeOf(cfg_.model);
   selectDevice();
-  comm_ = std::make_unique<Comm>(mesh_);
+  rendezvous_ = std::make_unique<Rendezvous>(mesh_);
+  // A replacement meets the survivors in the next recovery generation; everyone else
+  // forms generation 0.
+  if (mesh_.join) {
+    log("joining the running job as a replacement for rank " + std::to_string(mesh_.rank));
+    rendezvous_->join(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
+  }
+  comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
   stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
   units_ = buildUnits(shape_, comm_->shards(), comm_->shard(), cfg_.training.seed, device_);
   detectors_.assign(units_.size(), EwmaDetector{});
@@ -74,8 +82,9 @@ void Trainer::setup() {
   rope_ = {rope_.cos.to(device_), rope_.sin.to(device_)};
 
   // Every replica must start from the same weights (a classic bug of Local-SGD ports):
-  // compare a fingerprint of this rank's slices across the sync group.
-  {
+  // compare a fingerprint of this rank's slices across the sync group. (A replacement's
+  // weights come from its peers instead.)
+  if (!mesh_.join) {
     torch::NoGradGuard ng;
     double fp = 0;
     for (auto& u : units_) fp += u.shardView.to(torch::kFloat64).sum().item<double>();
@@ -121,11 +130,13 @@ void Trainer::initOuter() {
   outerReady_ = true;
   lastSyncTime_ = nowSeconds();
   stepsSinceSync_ = 0;
+  roundStep_ = step_;
+  inRound_ = false;
 }
 
 bool Trainer::syncDue(int64_t t) {
   const auto& a = cfg_.algorithm;
-  if (!isLocalMode() || t <= a.warmupSteps) return false;
+  if (!isLocalMode() || t <= a.warmupSteps || t == skipSyncAt_) return false;
   if (a.mode != "a-edit") return (t - a.warmupSteps) % a.syncInterval == 0;
   // A-EDiT: time-based, but every rank of a replica must decide alike: agree on the
   // largest elapsed time in the shard group (its ranks step in lockstep anyway).
@@ -344,7 +355,13 @@ TrainResult Trainer::run() {
   const double start = nowSeconds();
   setup();
   TrainResult result;
-  if (!cfg_.checkpoint.dir.empty() && cfg_.checkpoint.resume && tryResume()) result.resumedFrom = step_;
+  if (mesh_.join) {
+    result.joined = true;
+    restoreFromPeers(true, nullptr);
+  } else if (!cfg_.checkpoint.dir.empty() && cfg_.checkpoint.resume && tryResume()) {
+    result.resumedFrom = step_;
+    roundStep_ = step_ - stepsSinceSync_;
+  }
   if (isLocalMode() && step_ >= cfg_.algorithm.warmupSteps && !outerReady_) initOuter();
   const auto& a = cfg_.algorithm;
   const bool aedit = a.mode == "a-edit";
@@ -352,92 +369,102 @@ TrainResult Trainer::run() {
   double lastLoss = 0;
 
   for (;;) {
-    const int64_t t = step_;
-    if (!aedit && t >= totalSteps_) break;
-    if (aedit && synchronousAt(t) && t >= totalSteps_) break;
-    const double t0 = nowSeconds();
-    const double wait0 = [&] {
-      double w = 0;
-      for (auto& [k, c] : comm_->counters()) w += c.waitSeconds;
-      return w;
-    }();
-    if (isLocalMode() && t == a.warmupSteps && !outerReady_) initOuter();
-    const bool sync = syncDue(t);
-    bool finalRound = false;
-    if (sync || synchronousAt(t)) {
-      const Control c = exchangeControl(t);
-      const int64_t id = aedit && !synchronousAt(t) ? c.replicaSteps / comm_->replicas() : t;
-      controlId_ = id;
-      if (c.stop) {
-        log("stop requested: saving a checkpoint at step " + std::to_string(t));
-        if (!cfg_.checkpoint.dir.empty()) saveCheckpoint(id);
-        result.stopped = true;
+    try {
+      const int64_t t = step_;
+      if (!aedit && t >= totalSteps_) break;
+      if (aedit && synchronousAt(t) && t >= totalSteps_) break;
+      const double t0 = nowSeconds();
+      const double wait0 = [&] {
+        double w = 0;
+        for (auto& [k, c] : comm_->counters()) w += c.waitSeconds;
+        return w;
+      }();
+      if (isLocalMode() && t == a.warmupSteps && !outerReady_) initOuter();
+      const bool sync = syncDue(t);
+      bool finalRound = false;
+      if (sync || synchronousAt(t)) {
+        const Control c = exchangeControl(t);
+        const int64_t id = aedit && !synchronousAt(t) ? c.replicaSteps / comm_->replicas() : t;
+        controlId_ = id;
+        if (c.stop) {
+          log("stop requested: saving a checkpoint at step " + std::to_string(t));
+          if (!cfg_.checkpoint.dir.empty()) saveCheckpoint(id);
+          result.stopped = true;
+          break;
+        }
+        const bool periodic = cfg_.checkpoint.everySteps > 0 && t > 0 &&
+                              (aedit ? id / cfg_.checkpoint.everySteps >
+                                           lastCheckpointId_ / cfg_.checkpoint.everySteps
+                                     : t % cfg_.checkpoint.everySteps == 0);
+        if (!cfg_.checkpoint.dir.empty() && (c.checkpoint || periodic) && id != lastCheckpointId_)
+          saveCheckpoint(id);
+        finalRound = aedit && sync && c.replicaSteps >= budget;
+      } else if (!cfg_.checkpoint.dir.empty() && !aedit && cfg_.checkpoint.everySteps > 0 && t > 0 &&
+                 t % cfg_.checkpoint.everySteps == 0 && t != lastCheckpointId_) {
+        saveCheckpoint(t);
+      }
+      if (sync) beginRound();
+      if (finalRound) {
+        // A-EDiT's budget is spent: end on this synchronization, with no local step after it.
+        StepOutcome out;
+        syncWholeModel(out);
+        ++syncRounds_;
+        endRound(t);
+        anomalies_ += out.anomalies;
+        lastPseudoGradNorm_ = std::sqrt(out.pseudoGradNormSq);
+        stepsSinceSync_ = 0;
         break;
       }
-      const bool periodic = cfg_.checkpoint.everySteps > 0 && t > 0 &&
-                            (aedit ? id / cfg_.checkpoint.everySteps >
-                                         lastCheckpointId_ / cfg_.checkpoint.everySteps
-                                   : t % cfg_.checkpoint.everySteps == 0);
-      if (!cfg_.checkpoint.dir.empty() && (c.checkpoint || periodic) && id != lastCheckpointId_)
-        saveCheckpoint(id);
-      finalRound = aedit && sync && c.replicaSteps >= budget;
-    } else if (!cfg_.checkpoint.dir.empty() && !aedit && cfg_.checkpoint.everySteps > 0 && t > 0 &&
-               t % cfg_.checkpoint.everySteps == 0 && t != lastCheckpointId_) {
-      saveCheckpoint(t);
-    }
-    if (finalRound) {
-      // A-EDiT's budget is spent: end on this synchronization, with no local step after it.
+      killIfAsked(t);
+      injectDelay(t);
+      if (sync) corruptIfAsked();
+
       StepOutcome out;
-      syncWholeModel(out);
-      ++syncRounds_;
-      anomalies_ += out.anomalies;
-      lastPseudoGradNorm_ = std::sqrt(out.pseudoGradNormSq);
-      stepsSinceSync_ = 0;
-      break;
-    }
-    injectDelay(t);
-    if (sync) corruptIfAsked();
+      lastLoss = trainStep(t, sync, out);
+      step_ = t + 1;
+      tokens_ += static_cast<uint64_t>(cfg_.data.batchSize * cfg_.data.seqLen);
+      if (out.synced) {
+        ++syncRounds_;
+        endRound(t);
+        lastSyncTime_ = nowSeconds();
+        stepsSinceSync_ = 0;
+        lastPseudoGradNorm_ = std::sqrt(out.pseudoGradNormSq);
+        anomalies_ += out.anomalies;
+      }
+      if (isLocalMode() && !synchronousAt(t)) ++stepsSinceSync_;
 
-    StepOutcome out;
-    lastLoss = trainStep(t, sync, out);
-    step_ = t + 1;
-    tokens_ += static_cast<uint64_t>(cfg_.data.batchSize * cfg_.data.seqLen);
-    if (out.synced) {
-      ++syncRounds_;
-      lastSyncTime_ = nowSeconds();
-      stepsSinceSync_ = 0;
-      lastPseudoGradNorm_ = std::sqrt(out.pseudoGradNormSq);
-      anomalies_ += out.anomalies;
-    }
-    if (isLocalMode() && !synchronousAt(t)) ++stepsSinceSync_;
+      if (cfg_.data.valEvery > 0 && step_ % cfg_.data.valEvery == 0 && !aedit)
+        log("step " + std::to_string(step_) + " replica " + std::to_string(comm_->replica()) +
+            " val_loss " + std::to_string(evaluate(cfg_.data.valBatches, Group::Shard)));
 
-    if (cfg_.data.valEvery > 0 && step_ % cfg_.data.valEvery == 0 && !aedit)
-      log("step " + std::to_string(step_) + " replica " + std::to_string(comm_->replica()) +
-          " val_loss " + std::to_string(evaluate(cfg_.data.valBatches, Group::Shard)));
-
-    if (hooks_.onStep) {
-      StepReport r;
-      r.rank = mesh_.rank;
-      r.replica = comm_->replica();
-      r.shard = comm_->shard();
-      r.worldSize = mesh_.world;
-      r.step = step_;
-      r.totalSteps = totalSteps_;
-      r.loss = lastLoss;
-      r.tokens = tokens_;
-      r.stepSeconds = nowSeconds() - t0;
-      r.comm = comm_->counters();
-      for (auto& [k, c] : r.comm) r.commWaitSeconds += c.waitSeconds;
-      r.computeSeconds = std::max(0.0, r.stepSeconds - (r.commWaitSeconds - wait0));
-      r.synced = out.synced;
-      r.syncSeconds = out.syncWork;
-      r.syncRounds = syncRounds_;
-      r.anomalies = anomalies_;
-      r.pseudoGradNorm = lastPseudoGradNorm_;
-      r.lr = learningRate(cfg_.training, t, totalSteps_);
-      r.phase = synchronousAt(t) ? "warmup" : (out.synced ? "sync" : "local");
-      if (!isLocalMode()) r.phase = "sync";
-      hooks_.onStep(r);
+      if (hooks_.onStep) {
+        StepReport r;
+        r.rank = mesh_.rank;
+        r.replica = comm_->replica();
+        r.shard = comm_->shard();
+        r.worldSize = mesh_.world;
+        r.step = step_;
+        r.totalSteps = totalSteps_;
+        r.loss = lastLoss;
+        r.tokens = tokens_;
+        r.stepSeconds = nowSeconds() - t0;
+        r.comm = comm_->counters();
+        for (auto& [k, c] : r.comm) r.commWaitSeconds += c.waitSeconds;
+        r.computeSeconds = std::max(0.0, r.stepSeconds - (r.commWaitSeconds - wait0));
+        r.synced = out.synced;
+        r.syncSeconds = out.syncWork;
+        r.syncRounds = syncRounds_;
+        r.anomalies = anomalies_;
+        r.pseudoGradNorm = lastPseudoGradNorm_;
+        r.lr = learningRate(cfg_.training, t, totalSteps_);
+        r.phase = synchronousAt(t) ? "warmup" : (out.synced ? "sync" : "local");
+        if (!isLocalMode()) r.phase = "sync";
+        hooks_.onStep(r);
+      }
+    } catch (const PeerLost& e) {
+      // A peer died or hung: in a local phase the survivors wait for its replacement and
+      // continue from the last sync round; otherwise edit-train exits 75 (gang restart).
+      if (!recoverInPlace(e, result)) throw;
     }
   }
 

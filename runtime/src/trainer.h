@@ -20,6 +20,7 @@
 #include "optim.h"
 #include "outer_sync.h"
 #include "penalty.h"
+#include "rendezvous.h"
 #include "report.h"
 
 namespace edit {
@@ -42,6 +43,10 @@ struct TrainResult {
   double seconds = 0;
   uint64_t syncRounds = 0, anomalies = 0;
   int64_t resumedFrom = -1;  // checkpoint step resumed from (-1: fresh start)
+  bool joined = false;       // started as a replacement (EDIT_JOIN=1)
+  int recoveries = 0;        // in-place recoveries this process took part in
+  double recoverySeconds = 0;     // time from noticing the lost peer to training again
+  int64_t stepsRolledBack = 0;    // local steps of this rank undone by recoveries
   CommCounts comm;
 };
 
@@ -90,6 +95,21 @@ class Trainer {
   void saveCheckpoint(int64_t id);
   bool tryResume();
   void log(const std::string& s);
+  void killIfAsked(int64_t t);
+
+  // In-place recovery (trainer_recovery.cpp, docs/replica-recovery.md). Each rank keeps
+  // the outer state after the last sync round it completed, and a snapshot taken when it
+  // entered the round in progress, so the ranks can agree on one round every survivor holds.
+  struct RoundSnapshot {
+    bool valid = false;
+    int64_t round = -1, step = 0;
+    std::vector<OuterUnit> outer;
+    std::vector<EwmaDetector> detectors;
+  };
+  void beginRound();
+  void endRound(int64_t t);
+  bool recoverInPlace(const PeerLost& e, TrainResult& result);
+  void restoreFromPeers(bool joiner, TrainResult* result);
 
   Config cfg_;
   MeshSpec mesh_;
@@ -118,6 +138,12 @@ class Trainer {
   int64_t lastCheckpointId_ = -1;
   int64_t controlId_ = 0;        // checkpoint id agreed at the last control exchange
   bool outerReady_ = false;
+
+  std::unique_ptr<Rendezvous> rendezvous_;
+  RoundSnapshot snap_;           // outer state when the current/last round began
+  bool inRound_ = false;         // a sync round is mutating outer_ right now
+  int64_t roundStep_ = 0;        // step at which outer_ (after syncRounds_ rounds) was set
+  int64_t skipSyncAt_ = -1;      // the round at this step was already done before a rollback
 };
 
 // Set by edit-train's SIGTERM handler; every Trainer polls it.

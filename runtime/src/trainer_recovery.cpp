@@ -1,0 +1,213 @@
+// In-place recovery from a lost peer (docs/replica-recovery.md).
+//
+// Every rank of a sync group holds the same outer slice (weights, momentum, anomaly
+// statistics), so a lost rank's outer state survives on its sync-group peers. When a
+// peer is lost in a local phase, the survivors tear down their process groups (which
+// makes every other rank notice at its next collective), meet the replacement in a new
+// recovery generation, agree on the newest sync round every survivor still holds, and
+// all roll back to it: inner weights := outer weights, step := the step of that round.
+// The replacement copies the outer state and its inner AdamW moments from one peer of its
+// sync group. No disk checkpoint is read.
+#include <cmath>
+#include <csignal>
+#include <unistd.h>
+
+#include "trainer.h"
+
+namespace edit {
+
+void Trainer::killIfAsked(int64_t t) {
+  const auto& k = cfg_.debug.killAtStep;
+  if (k.rank != mesh_.rank || k.step != t || mesh_.join) return;
+  log("debug.killAtStep: killing this worker (SIGKILL) at step " + std::to_string(t));
+  std::fflush(nullptr);
+  ::kill(::getpid(), SIGKILL);
+}
+
+void Trainer::beginRound() {
+  if (!outerReady_) return;
+  torch::NoGradGuard ng;
+  if (snap_.outer.size() != outer_.size()) {
+    snap_.outer.clear();
+    for (auto& o : outer_) snap_.outer.push_back({torch::empty_like(o.outer), torch::empty_like(o.momentum)});
+  }
+  for (size_t u = 0; u < outer_.size(); ++u) {
+    snap_.outer[u].outer.copy_(outer_[u].outer);
+    snap_.outer[u].momentum.copy_(outer_[u].momentum);
+  }
+  snap_.detectors = detectors_;
+  snap_.round = static_cast<int64_t>(syncRounds_);
+  snap_.step = roundStep_;
+  snap_.valid = true;
+  inRound_ = true;
+}
+
+void Trainer::endRound(int64_t t) {
+  inRound_ = false;
+  roundStep_ = t;
+}
+
+bool Trainer::recoverInPlace(const PeerLost& e, TrainResult& result) {
+  if (cfg_.runtime.recovery != "inPlace" || !isLocalMode() || !outerReady_) {
+    log(std::string("peer lost: ") + e.what() +
+        (cfg_.runtime.recovery != "inPlace" ? " (runtime.recovery=exit)"
+                                            : " (no outer state yet: synchronous phase)") +
+        "; exiting for a gang restart");
+    return false;
+  }
+  const double t0 = nowSeconds();
+  const int64_t stepBefore = step_;
+  log(std::string("peer lost: ") + e.what() + "; recovering in place (waiting up to " +
+      std::to_string(static_cast<int64_t>(cfg_.runtime.rendezvousTimeoutSeconds)) +
+      " s for the replacement)");
+  // Leave the broken generation: pending tasks fail fast, the one in flight ends (its peer
+  // is gone or leaving too), and destroying the process groups closes their connections,
+  // which makes every rank still blocked on us notice now instead of at its timeout.
+  stream_->abort();
+  stream_.reset();
+  comm_.reset();
+  rendezvous_->rejoin(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
+  comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
+  stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
+  restoreFromPeers(false, &result);
+  result.recoveries++;
+  result.recoverySeconds += nowSeconds() - t0;
+  result.stepsRolledBack += std::max<int64_t>(0, stepBefore - step_);
+  return true;
+}
+
+void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
+  torch::NoGradGuard ng;
+  const int W = comm_->world(), N = comm_->shards();
+  // What each rank can offer: the outer state after round `cur` (unless a round is
+  // half-applied) and the snapshot from the start of the current round.
+  enum Col { kJoiner, kCur, kSnap, kCurStep, kSnapStep, kAdam, kCkpt, kCols };
+  auto mine = torch::full({kCols}, -1.0, torch::kFloat64);
+  auto m = mine.accessor<double, 1>();
+  m[kJoiner] = joiner ? 1 : 0;
+  if (!joiner) {
+    if (outerReady_ && !inRound_) m[kCur] = static_cast<double>(syncRounds_);
+    if (snap_.valid) m[kSnap] = static_cast<double>(snap_.round);
+    m[kCurStep] = static_cast<double>(roundStep_);
+    m[kSnapStep] = static_cast<double>(snap_.step);
+    m[kAdam] = static_cast<double>(adam_->stepCount());
+    m[kCkpt] = static_cast<double>(lastCheckpointId_);
+  }
+  auto table = torch::empty({W, kCols}, torch::kFloat64);
+  std::vector<torch::Tensor> rows;
+  for (int r = 0; r < W; ++r) rows.push_back(table[r]);
+  comm_->allgather(Group::World, mine, rows);
+  auto T = table.accessor<double, 2>();
+  auto survivor = [&](int r) { return T[r][kJoiner] == 0; };
+
+  // The newest round every survivor holds. Rounds are fenced by a world-wide control
+  // exchange, so survivors are at most one round apart and the older one is always held.
+  int64_t round = -1;
+  bool first = true;
+  for (int r = 0; r < W; ++r) {
+    if (!survivor(r)) continue;
+    const auto best = static_cast<int64_t>(std::max(T[r][kCur], T[r][kSnap]));
+    round = first ? best : std::min(round, best);
+    first = false;
+  }
+  auto stepAt = [&](int r) {
+    return static_cast<int64_t>(T[r][kCur] == round ? T[r][kCurStep] : T[r][kSnapStep]);
+  };
+  std::string why;
+  if (first || round < 0) why = "no survivor holds an outer state yet";
+  for (int r = 0; r < W && why.empty(); ++r)
+    if (survivor(r) && T[r][kCur] != round && T[r][kSnap] != round)
+      why = "rank " + std::to_string(r) + " no longer holds sync round " + std::to_string(round);
+  // Source of each shard index: its lowest surviving replica.
+  std::vector<int> source(N, -1);
+  for (int s = 0; s < N && why.empty(); ++s) {
+    for (int rep = 0; rep < comm_->replicas() && source[s] < 0; ++rep)
+      if (survivor(rep * N + s)) source[s] = rep;
+    if (source[s] < 0)
+      why = "every replica's rank with shard " + std::to_string(s) + " was lost";
+  }
+  if (!why.empty()) throw PeerLost("cannot recover in place: " + why + "; restart from a checkpoint");
+
+  // The step this rank resumes at: its replica's (shard groups step in lockstep), taken
+  // from a survivor of the replica, else from the rank it copies its shard from.
+  const int me = mesh_.rank, myShard = comm_->shard(), myReplica = comm_->replica();
+  int stepFrom = source[myShard] * N + myShard;
+  if (survivor(me)) stepFrom = me;
+  else
+    for (int s = 0; s < N; ++s)
+      if (survivor(myReplica * N + s)) { stepFrom = myReplica * N + s; break; }
+  const int64_t step = stepAt(stepFrom);
+  int64_t lastCkpt = -1;
+  int joiners = 0;
+  for (int r = 0; r < W; ++r) {
+    if (survivor(r)) lastCkpt = std::max(lastCkpt, static_cast<int64_t>(T[r][kCkpt]));
+    else joiners++;
+  }
+
+  // Survivors that got further than `round` go back to their snapshot.
+  if (!joiner && T[me][kCur] != round) {
+    for (size_t u = 0; u < outer_.size(); ++u) {
+      outer_[u].outer.copy_(snap_.outer[u].outer);
+      outer_[u].momentum.copy_(snap_.outer[u].momentum);
+    }
+    detectors_ = snap_.detectors;
+  }
+  if (joiner) initOuter();  // allocates outer_ in the right place; filled below
+
+  // Copy from the source replica over the sync group, if this sync group has a joiner.
+  bool groupHasJoiner = false;
+  for (int rep = 0; rep < comm_->replicas(); ++rep) groupHasJoiner |= !survivor(rep * N + myShard);
+  if (groupHasJoiner) {
+    const int root = source[myShard];
+    for (size_t u = 0; u < units_.size(); ++u) {
+      comm_->broadcast(Group::Sync, outer_[u].outer, root);
+      comm_->broadcast(Group::Sync, outer_[u].momentum, root);
+      // The root sends its inner moments; other survivors keep theirs (receive into scratch).
+      const bool keep = !joiner && myReplica != root;
+      auto am = keep ? torch::empty_like(adam_->m()[u]) : adam_->m()[u];
+      auto av = keep ? torch::empty_like(adam_->v()[u]) : adam_->v()[u];
+      comm_->broadcast(Group::Sync, am, root);
+      comm_->broadcast(Group::Sync, av, root);
+    }
+    auto ewma = torch::empty({static_cast<int64_t>(detectors_.size()), 3}, torch::kFloat64);
+    for (size_t u = 0; u < detectors_.size(); ++u) {
+      ewma[u][0] = detectors_[u].mean;
+      ewma[u][1] = detectors_[u].var;
+      ewma[u][2] = static_cast<double>(detectors_[u].count);
+    }
+    comm_->broadcast(Group::Sync, ewma, root);
+    if (joiner)
+      for (size_t u = 0; u < detectors_.size(); ++u)
+        detectors_[u] = {ewma[u][0].item<double>(), ewma[u][1].item<double>(),
+                         static_cast<int64_t>(ewma[u][2].item<double>())};
+  }
+  if (joiner) adam_->setStepCount(static_cast<int64_t>(T[stepFrom][kAdam]));
+
+  // Everyone: inner weights := outer weights of `round`, and the clock of that round.
+  for (size_t u = 0; u < units_.size(); ++u) units_[u].shardView.copy_(outer_[u].outer);
+  step_ = step;
+  roundStep_ = step;
+  skipSyncAt_ = step;  // the round at this step is the one restored
+  stepsSinceSync_ = 0;
+  syncRounds_ = static_cast<uint64_t>(round);
+  inRound_ = false;
+  snap_.valid = false;
+  lastSyncTime_ = nowSeconds();
+  lastCheckpointId_ = lastCkpt;
+  controlId_ = std::max<int64_t>(controlId_, lastCkpt);
+
+  // The copies must be bit-identical across the sync group, as after any sync round.
+  double fp = 0;
+  for (auto& o : outer_) fp += o.outer.to(torch::kFloat64).sum().item<double>();
+  auto hi = torch::full({1}, fp, torch::kFloat64), lo = torch::full({1}, -fp, torch::kFloat64);
+  comm_->allreduce(Group::Sync, hi, c10d::ReduceOp::MAX);
+  comm_->allreduce(Group::Sync, lo, c10d::ReduceOp::MAX);
+  if (hi.item<double>() != -lo.item<double>() || !std::isfinite(fp))
+    throw std::runtime_error("in-place recovery: outer weights differ across the sync group after the copy");
+
+  log("recovered in place (generation " + std::to_string(rendezvous_->generation()) + ", " +
+      std::to_string(joiners) + " rank(s) replaced): continuing from sync round " + std::to_string(round) +
+      " at step " + std::to_string(step) + (result ? "" : " as a replacement"));
+}
+
+}  // namespace edit

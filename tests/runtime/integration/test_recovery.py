@@ -41,12 +41,12 @@ class Recovery(unittest.TestCase):
                            capture_output=True, text=True, timeout=600)
         return p, logs
 
-    def recover(self, mode, shards, kill_rank, extra=()):
+    def recover(self, mode, shards, kill_rank, extra=(), kill_at=KILL_AT):
         extra = [f"algorithm.mode={mode}"] + list(extra)
         base, _ = self.launch("undisturbed", shards, extra)
         self.assertEqual(base.returncode, 0, base.stdout[-2000:] + base.stderr[-2000:])
         p, logs = self.launch("killed", shards, extra + [f"debug.killAtStep.rank={kill_rank}",
-                                                         f"debug.killAtStep.step={KILL_AT}"])
+                                                         f"debug.killAtStep.step={kill_at}"])
         out = p.stdout[-3000:] + p.stderr[-3000:]
         self.assertEqual(p.returncode, 0, out)
         self.assertIn(f"worker {kill_rank} exited with code 137; starting a replacement", p.stderr)
@@ -73,6 +73,7 @@ class Recovery(unittest.TestCase):
         self.assertTrue(math.isfinite(got))
         # Redoing < SYNC of 48 steps from the last sync changes the trajectory only a little.
         self.assertLess(abs(got - undisturbed), 0.1 * undisturbed, f"val loss {got} vs undisturbed {undisturbed}")
+        self.logs = logs
         print(f"\n{self.id().split('.')[-1]}: val loss {got:.4f} vs undisturbed {undisturbed:.4f}; "
               f"steps rolled back {max(s[r]['steps_rolled_back'] for r in s if r != kill_rank)}, "
               f"recovery {max(s[r]['recovery_seconds'] for r in s if r != kill_rank):.1f} s")
@@ -82,6 +83,16 @@ class Recovery(unittest.TestCase):
         # Rank 3 = replica 1, shard 1: its shard peer (rank 2) notices at once, replica 0
         # at the next sync round; shard 1's outer state comes from rank 1.
         self.recover("edit", 2, 3)
+
+    def test_edit_M2_N2_lost_during_sync_round(self):
+        # Step 24 is a sync step: rank 3 dies after the round's control exchange, the others
+        # fail inside the layer-wise sync with half-updated outer state and fall back to
+        # the snapshot taken when the round began.
+        kill_at = WARMUP + 4 * SYNC
+        self.recover("edit", 2, 3, kill_at=kill_at)
+        with open(os.path.join(self.logs, "rank-0.log")) as f:
+            text = f.read()
+        self.assertIn(f"continuing from sync round 3 at step {kill_at - SYNC}", text)
 
     def test_edit_M4_N1_replica_lost(self):
         self.recover("edit", 1, 2)

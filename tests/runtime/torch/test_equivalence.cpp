@@ -201,6 +201,8 @@ struct Case {
   std::string mode;
   int M, N;
 };
+// gtest prints parameters with PrintTo (else as raw bytes in ctest's listing).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.mode << " M=" << c.M << " N=" << c.N; }
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 

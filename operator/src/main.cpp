@@ -31,6 +31,9 @@ struct Flags {
   std::string healthAddr = "127.0.0.1:8081";
   std::string grpcAddr = "0.0.0.0:9090";
   std::string telemetryAdvertiseAddr;
+  std::string telemetryTlsCert, telemetryTlsKey;  // PEM files; both set: TLS
+  std::string telemetryTlsCaSecret;               // Secret with ca.crt mounted into workers
+  std::string telemetryTlsServerName;             // EDIT_TELEMETRY_SERVER_NAME for workers
   bool leaderElect = false;
   std::string leaseNamespace;
   std::string leaseName = "edit-operator";
@@ -47,6 +50,11 @@ const char* kUsage =
     "  --health-addr HOST:PORT        /healthz and /readyz (default 127.0.0.1:8081)\n"
     "  --grpc-addr HOST:PORT          worker telemetry gRPC (default 0.0.0.0:9090)\n"
     "  --telemetry-advertise-addr A   EDIT_TELEMETRY_ADDR given to workers (default: grpc address)\n"
+    "  --telemetry-tls-cert FILE      PEM certificate chain: serve telemetry over TLS (with --telemetry-tls-key)\n"
+    "  --telemetry-tls-key FILE       PEM private key of --telemetry-tls-cert\n"
+    "  --telemetry-tls-ca-secret NAME Secret (key ca.crt, in each job's namespace) mounted into workers\n"
+    "                                 to verify the operator; sets EDIT_TELEMETRY_CA_FILE\n"
+    "  --telemetry-tls-server-name N  name workers check in the certificate (default: the advertised host)\n"
     "  --leader-elect                 run only while holding the Lease\n"
     "  --lease-namespace NS           (default: the kubeconfig/service-account namespace)\n"
     "  --lease-name NAME              (default edit-operator)\n"
@@ -89,6 +97,10 @@ Flags parseFlags(int argc, char** argv) {
     else if (a == "--health-addr") f.healthAddr = next();
     else if (a == "--grpc-addr") f.grpcAddr = next();
     else if (a == "--telemetry-advertise-addr") f.telemetryAdvertiseAddr = next();
+    else if (a == "--telemetry-tls-cert") f.telemetryTlsCert = next();
+    else if (a == "--telemetry-tls-key") f.telemetryTlsKey = next();
+    else if (a == "--telemetry-tls-ca-secret") f.telemetryTlsCaSecret = next();
+    else if (a == "--telemetry-tls-server-name") f.telemetryTlsServerName = next();
     else if (a == "--leader-elect") f.leaderElect = !hasValue || value == "true";
     else if (a == "--lease-namespace") f.leaseNamespace = next();
     else if (a == "--lease-name") f.leaseName = next();
@@ -104,9 +116,16 @@ Flags parseFlags(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   Flags flags;
+  telemetry::ServerTls telemetryTls;
   try {
     flags = parseFlags(argc, argv);
     log::setLevel(log::parseLevel(flags.logLevel));
+    // Before anything connects: a TLS misconfiguration is a usage error (exit 2).
+    telemetryTls = telemetry::loadServerTls(flags.telemetryTlsCert, flags.telemetryTlsKey);
+    // Workers told to use TLS against a plaintext server could never connect.
+    if (!telemetryTls.enabled() && (!flags.telemetryTlsCaSecret.empty() || !flags.telemetryTlsServerName.empty()))
+      throw std::invalid_argument(
+          "--telemetry-tls-ca-secret and --telemetry-tls-server-name need --telemetry-tls-cert and --telemetry-tls-key");
   } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";
     return 2;
@@ -124,7 +143,10 @@ int main(int argc, char** argv) {
     int metricsPort = exposer.GetListeningPorts().at(0);
 
     telemetry::TelemetryHub hub(&metricsReg);
-    telemetry::TelemetryServer grpcServer(hub, flags.grpcAddr);
+    telemetry::TelemetryServer grpcServer(hub, flags.grpcAddr, telemetryTls);
+    if (telemetryTls.enabled() && flags.telemetryTlsCaSecret.empty())
+      log::warn("telemetry TLS is on but --telemetry-tls-ca-secret is not set: workers need "
+                "EDIT_TELEMETRY_CA_FILE from their spec, or they cannot connect");
     std::string grpcHost = metrics::splitHostPort(flags.grpcAddr).first;
     std::string advertise = flags.telemetryAdvertiseAddr;
     if (advertise.empty())
@@ -141,11 +163,13 @@ int main(int argc, char** argv) {
                {"healthAddr", health.host() + ":" + std::to_string(health.port())},
                {"grpcAddr", grpcHost + ":" + std::to_string(grpcServer.port())},
                {"telemetryAdvertiseAddr", advertise},
+               {"telemetryTls", telemetryTls.enabled()},
                {"server", kc.server},
                {"leaderElect", flags.leaderElect}});
 
     kube::EventRecorder recorder(&client, "edit-operator");
-    controller::Reconciler reconciler(client, pods, hub, metricsReg, recorder, controller::OperatorSettings{advertise});
+    controller::OperatorSettings settings{advertise, flags.telemetryTlsCaSecret, flags.telemetryTlsServerName};
+    controller::Reconciler reconciler(client, pods, hub, metricsReg, recorder, settings);
     controller::Controller ctrl(reconciler, jobs, pods, metricsReg, flags.workers, flags.resyncSeconds);
     hub.setOnReport([&ctrl](const std::string& ns, const std::string& job) {
       // Progress reaches .status at most every 2 s per job (the queue keeps the earliest).

@@ -25,7 +25,10 @@ void Trainer::killIfAsked(int64_t t) {
 }
 
 void Trainer::beginRound() {
-  if (!outerReady_) return;
+  inRound_ = true;
+  // The snapshot costs one copy of the outer slice in the outer state's memory (host
+  // memory with offloadOuterState): only kept when it can be used.
+  if (!outerReady_ || cfg_.runtime.recovery != "inPlace") return;
   torch::NoGradGuard ng;
   if (snap_.outer.size() != outer_.size()) {
     snap_.outer.clear();
@@ -39,7 +42,6 @@ void Trainer::beginRound() {
   snap_.round = static_cast<int64_t>(syncRounds_);
   snap_.step = roundStep_;
   snap_.valid = true;
-  inRound_ = true;
 }
 
 void Trainer::endRound(int64_t t) {

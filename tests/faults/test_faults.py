@@ -2,11 +2,18 @@
 edit-operator against the API stand-in, with one fault injected mid-run per test.
 
 Every test ends with the job Succeeded and checks: no duplicate pods (never two live
-generations, never more than M*N pods, no rank of a generation created twice); the final
-checkpoint at the last step with finite outer weights and parameters (read by the
-independent reader tests/runtime/integration/ckpt.py); at most one checkpoint interval
-redone per restart (plus up to one sync interval, see redo_bound); the final validation
-loss within LOSS_TOLERANCE of an undisturbed run of the same config (edit-run, cached).
+generations, never more than M*N pods, no rank of a generation created twice - except the
+replacements of an in-place recovery, pods with EDIT_JOIN=1); the final checkpoint at the
+last step with finite outer weights and parameters (read by the independent reader
+tests/runtime/integration/ckpt.py); at most one checkpoint interval redone per gang
+restart (plus up to one sync interval, see redo_bound), at most one sync interval (+1)
+per in-place recovery (every replica goes back to the last synchronization); the final
+validation loss within LOSS_TOLERANCE of an undisturbed run of the same config (edit-run,
+cached).
+
+The kill cases also measure the time from the kill to the first training step of a pod
+started after it (the replacement, or the new gang) and the steps redone; they print them
+and, when EDIT_FAULTS_REPORT_DIR is set, write them there as <case>.json (bench/ collects them).
 
 Run one case:  python3 tests/faults/test_faults.py -v Faults.test_kill_worker
 """
@@ -19,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -57,7 +65,8 @@ def baseline_loss(config_text, tmp):
     """Final validation loss of the undisturbed run: the job's own worker config (from its
     ConfigMap, debug section removed) run by edit-run with the same 2 x 2 layout. Cached
     per config in the build dir, under a lock (fault tests may run in parallel)."""
-    config_text = strip_section(config_text, "debug")
+    # runtime.recovery changes nothing in an undisturbed run: one baseline for both policies.
+    config_text = strip_section(strip_section(config_text, "debug"), "runtime")
     cache_dir = os.path.join(h.BUILD, "tests", "faults")
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, "baseline-%s.json" % config_key(config_text, tmp))
@@ -88,6 +97,87 @@ def baseline_loss(config_text, tmp):
         return s["val_loss"]
 
 
+def has_join_env(pod):
+    for c in pod.get("spec", {}).get("containers", []):
+        for e in c.get("env", []):
+            if e.get("name") == "EDIT_JOIN" and e.get("value") == "1":
+                return True
+    return False
+
+
+class RecoveryTracker(h.PodTracker):
+    """The harness's PodTracker, also noting which pods were created to join a running job
+    (EDIT_JOIN=1): a recovered rank has two incarnations in one generation, and only a
+    replacement may be the second."""
+
+    def __init__(self, cluster, ns, job):
+        self.joining = set()  # uids
+        tracker = self
+
+        class Spy:  # passes everything to the cluster; notes the joiners in each pod list
+            def __getattr__(self, name):
+                return getattr(cluster, name)
+
+            def pods(self, ns_, job_):
+                items = cluster.pods(ns_, job_)
+                tracker.joining.update(p["metadata"]["uid"] for p in items if has_join_env(p))
+                return items
+        super().__init__(Spy(), ns, job)
+
+    def incarnations(self, rank, gen):
+        """uids of (rank, generation) in the order they were first seen."""
+        return [uid for uid, (_, r, g) in self.uids.items() if r == rank and g == gen]
+
+    def recovered_ranks(self):
+        return sorted({r for uid, (_, r, _) in self.uids.items() if uid in self.joining})
+
+    def problems(self, world):
+        out = []
+        for p in super().problems(world):
+            m = re.match(r"rank (\d+) generation (\d+) created \d+ times", p)
+            if m:
+                uids = self.incarnations(int(m.group(1)), int(m.group(2)))
+                if int(m.group(1)) != 0 and uids[0] not in self.joining and all(u in self.joining for u in uids[1:]):
+                    continue  # the failed pod, then its replacement(s)
+            out.append(p)
+        for uid in self.joining:
+            name, rank, gen = self.uids[uid]
+            if rank == 0 or self.incarnations(rank, gen)[0] == uid:
+                out.append("%s (rank %d generation %d) joined without replacing a failed pod" % (name, rank, gen))
+        return out
+
+
+class RecoveryClock:
+    """Time from a kill to the first training step logged by a pod incarnation that did not
+    exist at the kill: the replacement (in place) or the new gang (gang restart)."""
+
+    def __init__(self, tmp, ns, job):
+        self.pattern = os.path.join(tmp, "kubelet", "pods", "%s_%s-worker-*" % (ns, job), "worker.log")
+        self.before = set(glob.glob(self.pattern))
+        self.t_kill = time.monotonic()
+        self.t_first = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self):
+        while not self.done.is_set():
+            for f in set(glob.glob(self.pattern)) - self.before:
+                try:
+                    with open(f, errors="replace") as fh:
+                        if any(line.startswith("@edit ") for line in fh):
+                            self.t_first = time.monotonic()
+                            return
+                except OSError:
+                    pass
+            self.done.wait(0.1)
+
+    def seconds(self):
+        self.done.set()
+        self.thread.join(5)
+        return None if self.t_first is None else self.t_first - self.t_kill
+
+
 class Faults(unittest.TestCase):
     def setUp(self):
         if not h.find_kubectl():
@@ -108,15 +198,26 @@ class Faults(unittest.TestCase):
         h.make_data(self.data)
         self.ckpt = os.path.join(self.c.tmp, "ckpt")
         self.t0 = time.monotonic()
+        self.clock = None
+        self.killed = []
 
     # ---- helpers --------------------------------------------------------------------
-    def start(self, **kw):
+    def start(self, replica_recovery=None, **kw):
         kw.setdefault("steps", STEPS)
         kw.setdefault("every", EVERY)
         m = h.job_manifest(self.name, self.ns, self.data, self.ckpt, h.free_port(), **kw)
-        self.tracker = h.PodTracker(self.c, self.ns, self.name)
+        if replica_recovery:
+            m["spec"]["runPolicy"]["replicaRecovery"] = replica_recovery
+        self.tracker = RecoveryTracker(self.c, self.ns, self.name)
         self.c.apply(m)
         return m
+
+    def kill_workers(self, *ranks):
+        """SIGKILL these ranks' processes at once and start the recovery clock."""
+        self.clock = RecoveryClock(self.c.tmp, self.ns, self.name)
+        self.killed = list(ranks)
+        for r in ranks:
+            self.c.kill(self.ns, self.pod(r), "KILL")
 
     def pod(self, rank):
         return "%s-worker-%d" % (self.name, rank)
@@ -128,8 +229,14 @@ class Faults(unittest.TestCase):
         return self.c.wait_for(lambda: any(s >= step for s, _ in h.checkpoints(self.ckpt)), 180,
                                "a complete checkpoint at step >= %d" % step, interval=0.1)
 
-    def finish(self, expect_restarts=None, redo_bound=EVERY + SYNC, phase="Succeeded"):
-        """The common end of every fault test; returns the job's final status."""
+    def finish(self, expect_restarts=None, redo_bound=EVERY + SYNC, phase="Succeeded", expect_recovered=None):
+        """The common end of every fault test; returns the job's final status.
+        expect_recovered: the ranks replaced in place (then no gang restart is expected
+        and at most one sync interval is redone: every rank goes back to the last round all
+        survivors completed; one that had finished the next round and logged one more
+        local step redoes SYNC + 1, docs/replica-recovery.md)."""
+        if expect_recovered is not None:
+            expect_restarts, redo_bound = 0, SYNC + 1
         job = self.c.wait_phase(self.ns, self.name, ("Succeeded", "Failed"), 300)
         time.sleep(0.5)
         self.tracker.stop()
@@ -142,6 +249,11 @@ class Faults(unittest.TestCase):
         if expect_restarts is not None:
             self.assertEqual(st.get("restarts", 0), expect_restarts, st)
             self.assertEqual(sorted(gens), list(range(expect_restarts + 1)), gens)
+        recovered = self.tracker.recovered_ranks()
+        if expect_restarts is not None:
+            self.assertEqual(recovered, sorted(expect_recovered or []), "ranks replaced in place")
+            self.assertEqual(st.get("replicaRecoveries", 0), 1 if expect_recovered else 0, st)
+        self.assertNotIn("recovery", st, "the recovery record outlived the recovery")
         # Final checkpoint: the last step, outer weights and parameters finite.
         cks = h.checkpoints(self.ckpt)
         self.assertTrue(cks, "no checkpoint")
@@ -161,11 +273,34 @@ class Faults(unittest.TestCase):
         loss = final[-1]["val_loss"]
         cm = self.c.get("/api/v1/namespaces/%s/configmaps/%s-config" % (self.ns, self.name))["data"]["config.yaml"]
         base = baseline_loss(cm, self.c.tmp)
-        print("%s: %.1fs, restarts %s, generations %s, steps redone %s, val_loss %.4f vs undisturbed %.4f" % (
-            self.id().split(".")[-1], time.monotonic() - self.t0, st.get("restarts", 0), sorted(gens),
-            self.redone, loss, base))
+        case = self.id().split(".")[-1]
+        print("%s: %.1fs, restarts %s, in-place recoveries %s, generations %s, steps redone %s, "
+              "val_loss %.4f vs undisturbed %.4f" % (
+                  case, time.monotonic() - self.t0, st.get("restarts", 0), st.get("replicaRecoveries", 0),
+                  sorted(gens), self.redone, loss, base))
+        if self.clock:
+            self.report_recovery(case, st, recovered, loss, base)
         self.assertLess(abs(loss - base), LOSS_TOLERANCE, "val_loss %.4f vs undisturbed %.4f" % (loss, base))
         return st
+
+    def report_recovery(self, case, st, recovered, loss, base):
+        """The issue's measurement: kill -> first training step after recovery, steps lost."""
+        seconds = self.clock.seconds()
+        rep = {"case": case, "recovery": "in-place" if recovered else "gang-restart",
+               "killed_ranks": self.killed, "recovered_ranks": recovered,
+               "seconds_kill_to_first_step": None if seconds is None else round(seconds, 2),
+               "steps_redone": self.redone, "steps_redone_max": max(self.redone or [0]),
+               "restarts": st.get("restarts", 0), "replica_recoveries": st.get("replicaRecoveries", 0),
+               "sync_interval": SYNC, "checkpoint_every": EVERY,
+               "val_loss": loss, "val_loss_undisturbed": base, "job_seconds": round(time.monotonic() - self.t0, 1)}
+        print("%s: recovery %s, kill -> first step %s s, steps redone max %d" % (
+            case, rep["recovery"], rep["seconds_kill_to_first_step"], rep["steps_redone_max"]))
+        out = os.environ.get("EDIT_FAULTS_REPORT_DIR")
+        if out:
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, case + ".json"), "w") as f:
+                json.dump(rep, f, indent=1)
+        self.assertIsNotNone(seconds, "no training step after the kill")
 
     def incarnations(self):
         """Per pod incarnation (by creation order of generation): rank -> list of
@@ -199,27 +334,51 @@ class Faults(unittest.TestCase):
 
     # ---- the faults -------------------------------------------------------------------
     def test_kill_worker(self):
-        """SIGKILL one worker mid-run: gang restart from the checkpoint, counted."""
+        """SIGKILL rank 1 (replica 0, shard 1) mid-run, after the warm-up: only its pod is
+        recreated (EDIT_JOIN=1, same generation) and rejoins; no gang restart."""
         self.start()
         self.wait_checkpoint(16)
         self.wait_step(20)
-        self.c.kill(self.ns, self.pod(1), "KILL")
+        self.kill_workers(1)
+        st = self.finish(expect_recovered=[1])
+        self.assertEqual(self.c.metric_value("edit_job_replica_recoveries_total", namespace=self.ns, job=self.name), 1)
+        self.assertEqual(self.c.metric_value("edit_job_restarts_total", namespace=self.ns, job=self.name), 0)
+        self.assertEqual(self.restarted_metric(), 0)
+        rec = [c for c in st.get("conditions", []) if c["type"] == "Recovering"]
+        self.assertTrue(rec and rec[0]["status"] == "False" and rec[0]["reason"] == "Recovered", st)
+
+    def test_kill_worker_gang_restart(self):
+        """The same kill with runPolicy.replicaRecovery GangRestart: one gang restart from
+        the checkpoint, counted."""
+        self.start(replica_recovery="GangRestart")
+        self.wait_checkpoint(16)
+        self.wait_step(20)
+        self.kill_workers(1)
         st = self.finish(expect_restarts=1)
         self.assertGreaterEqual(self.restarted_metric(), 1)
         self.assertEqual(self.c.metric_value("edit_job_restarts_total", namespace=self.ns, job=self.name), 1)
         self.assertGreaterEqual(self.resumed_from(1), 16)
         self.assertTrue(any(c["type"] == "Restarting" for c in st.get("conditions", [])), st)
 
-    def test_kill_replica(self):
-        """Both pods of replica 1 (ranks 2, 3) die at once: one gang restart."""
+    def test_kill_rank0(self):
+        """Rank 0 hosts the rendezvous store: losing it restarts the gang even with InPlace."""
         self.start()
         self.wait_checkpoint(16)
         self.wait_step(20)
-        self.c.kill(self.ns, self.pod(2), "KILL")
-        self.c.kill(self.ns, self.pod(3), "KILL")
+        self.kill_workers(0)
         self.finish(expect_restarts=1)
         self.assertGreaterEqual(self.restarted_metric(), 1)
         self.assertGreaterEqual(self.resumed_from(1), 16)
+
+    def test_kill_replica(self):
+        """Both pods of replica 1 (ranks 2, 3) die at once: both are replaced in place, in
+        one recovery, taking the outer state from replica 0."""
+        self.start()
+        self.wait_checkpoint(16)
+        self.wait_step(20)
+        self.kill_workers(2, 3)
+        self.finish(expect_recovered=[2, 3])
+        self.assertEqual(self.restarted_metric(), 0)
 
     def test_kill_operator(self):
         """SIGKILL the operator mid-run, start a new one: it adopts the running gang (no
@@ -303,8 +462,8 @@ class Faults(unittest.TestCase):
     def test_corrupt_newest_checkpoint(self):
         """Freeze the gang, flip bytes in one rank file of the newest complete checkpoint,
         kill a worker: the next generation skips the corrupt checkpoint (CRC mismatch) and
-        resumes from the previous one."""
-        self.start()
+        resumes from the previous one. GangRestart: an in-place recovery reads no checkpoint."""
+        self.start(replica_recovery="GangRestart")
         self.wait_checkpoint(24)
         for r in range(WORLD):
             self.c.kill(self.ns, self.pod(r), "STOP")

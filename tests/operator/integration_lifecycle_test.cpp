@@ -41,7 +41,9 @@ TEST_F(OperatorIntegration, RunsToSucceededWithChildren) {
 }
 
 TEST_F(OperatorIntegration, FailedWorkerRestartsGangUntilBackoffLimit) {
-  client->create(res::EDiTJobs, "default", shellJob("flaky", 2, 1, "sleep 1; exit 1", {{"backoffLimit", 2}}));
+  // GangRestart: with in-place recovery, rank 1 failing a moment before rank 0 would be replaced alone.
+  client->create(res::EDiTJobs, "default",
+                 shellJob("flaky", 2, 1, "sleep 1; exit 1", {{"backoffLimit", 2}, {"replicaRecovery", "GangRestart"}}));
   ASSERT_TRUE(waitPhase("flaky", "Failed", 60)) << job("flaky").dump(2);
   json j = job("flaky");
   EXPECT_EQ(j["status"]["restarts"], 2);
@@ -49,6 +51,31 @@ TEST_F(OperatorIntegration, FailedWorkerRestartsGangUntilBackoffLimit) {
   EXPECT_EQ(conditionReason(j, "Failed"), "BackoffLimitExceeded");
   // Never more than one gang at a time.
   for (const auto& p : pods("flaky")) EXPECT_EQ(p["metadata"]["labels"]["edit.io/restart-generation"], "2");
+}
+
+TEST_F(OperatorIntegration, FailedWorkerIsReplacedInPlace) {
+  // Rank 1 fails once; its replacement (EDIT_JOIN=1, same generation) and rank 0 finish.
+  client->create(res::EDiTJobs, "default",
+                 shellJob("heal", 2, 1,
+                          "if [ \"$RANK\" = 1 ] && [ \"${EDIT_JOIN:-0}\" != 1 ]; then sleep 2; exit 137; fi; sleep 8; exit 0"));
+  ASSERT_TRUE(waitPhase("heal", "Succeeded", 60)) << job("heal").dump(2);
+  json j = job("heal");
+  EXPECT_EQ(j["status"].value("restarts", 0), 0);
+  EXPECT_EQ(j["status"].value("replicaRecoveries", 0), 1);
+  EXPECT_FALSE(j["status"].contains("recovery"));
+  EXPECT_EQ(conditionReason(j, "Recovering"), "Recovered");
+  for (const auto& p : pods("heal")) {
+    EXPECT_EQ(p["metadata"]["labels"]["edit.io/restart-generation"], "0");
+    bool joins = false;
+    for (const auto& e : p["spec"]["containers"][0]["env"]) joins |= e.value("name", "") == "EDIT_JOIN";
+    EXPECT_EQ(joins, p["metadata"]["name"] == "heal-worker-1") << p["metadata"]["name"];
+  }
+  const json events = client->list(res::Events, "default");
+  std::set<std::string> reasons;
+  for (const auto& e : events["items"])
+    if (e["involvedObject"].value("name", "") == "heal") reasons.insert(e.value("reason", ""));
+  EXPECT_TRUE(reasons.count("RecoveringReplica") && reasons.count("ReplicaRecovered")) << ::testing::PrintToString(reasons);
+  EXPECT_FALSE(reasons.count("Restarting"));
 }
 
 TEST_F(OperatorIntegration, PermanentExitCodeFailsWithoutRestart) {

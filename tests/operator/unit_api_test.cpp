@@ -32,6 +32,8 @@ TEST(ApiSpec, DefaultsMatchTheCrd) {
   EXPECT_EQ(s.command, std::vector<std::string>{"edit-train"});
   EXPECT_EQ(s.runPolicy.backoffLimit, 3);
   EXPECT_EQ(s.runPolicy.cleanPodPolicy, "Running");
+  EXPECT_EQ(s.runPolicy.replicaRecovery, "InPlace");
+  EXPECT_TRUE(s.inPlaceRecovery());
   EXPECT_FALSE(s.runPolicy.activeDeadlineSeconds.has_value());
   EXPECT_DOUBLE_EQ(s.stragglerPolicy.threshold, 1.5);
   EXPECT_EQ(s.stragglerPolicy.windowSteps, 20);
@@ -43,7 +45,7 @@ TEST(ApiSpec, ParsesEveryField) {
   auto s = parseSpec(job({{"image", "img"}, {"replicas", 4}, {"shardsPerReplica", 2}, {"gpusPerWorker", 1},
                           {"command", {"sh", "-c", "true"}}, {"masterPort", 1234},
                           {"runPolicy", {{"backoffLimit", 0}, {"activeDeadlineSeconds", 60}, {"ttlSecondsAfterFinished", 0},
-                                         {"cleanPodPolicy", "All"}, {"suspend", true}}},
+                                         {"cleanPodPolicy", "All"}, {"suspend", true}, {"replicaRecovery", "GangRestart"}}},
                           {"stragglerPolicy", {{"threshold", 2.0}, {"windowSteps", 4}, {"action", "Replace"}, {"minReports", 2}}}}));
   EXPECT_EQ(s.worldSize(), 8);
   EXPECT_EQ(s.command.size(), 3u);
@@ -51,6 +53,22 @@ TEST(ApiSpec, ParsesEveryField) {
   EXPECT_EQ(*s.runPolicy.ttlSecondsAfterFinished, 0);
   EXPECT_TRUE(s.runPolicy.suspend);
   EXPECT_EQ(s.stragglerPolicy.action, "Replace");
+  EXPECT_EQ(s.runPolicy.replicaRecovery, "GangRestart");
+  EXPECT_FALSE(s.inPlaceRecovery());
+}
+
+TEST(ApiSpec, ReplicaRecovery) {
+  // ddp synchronizes every step: never in place, whatever runPolicy says.
+  EXPECT_FALSE(parseSpec(job({{"image", "i"}, {"algorithm", {{"mode", "ddp"}}}})).inPlaceRecovery());
+  EXPECT_TRUE(parseSpec(job({{"image", "i"}, {"algorithm", {{"mode", "a-edit"}, {"syncSeconds", 1}}}})).inPlaceRecovery());
+  try {
+    parseSpec(job({{"image", "i"}, {"runPolicy", {{"replicaRecovery", "Restart"}}}}));
+    FAIL();
+  } catch (const SpecError& e) {
+    EXPECT_EQ(e.field(), "spec.runPolicy.replicaRecovery");
+    EXPECT_NE(std::string(e.what()).find("InPlace, GangRestart"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(errorField({{"image", "i"}, {"runPolicy", {{"replicaRecovery", 1}}}}), "spec.runPolicy.replicaRecovery");
 }
 
 TEST(ApiSpec, ErrorsNameTheField) {

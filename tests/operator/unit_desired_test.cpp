@@ -146,11 +146,56 @@ TEST(Desired, ConfigMapHoldsTheRuntimeYaml) {
   // Only sections of runtime/src/config.h appear.
   for (auto it = y.begin(); it != y.end(); ++it) {
     std::string k = it->first.as<std::string>();
-    EXPECT_TRUE(k == "model" || k == "data" || k == "training" || k == "algorithm" || k == "checkpoint" || k == "debug") << k;
+    EXPECT_TRUE(k == "model" || k == "data" || k == "training" || k == "algorithm" || k == "checkpoint" || k == "debug" ||
+                k == "runtime")
+        << k;
   }
   json pod = controller::desiredPod(job, 0, 0, {});
   EXPECT_EQ(pod["spec"]["volumes"].size(), 2u);
   EXPECT_EQ(pod["spec"]["containers"][0]["volumeMounts"][0]["mountPath"], "/checkpoints");
+}
+
+TEST(Desired, RecoveryModeFollowsReplicaRecoveryAndMode) {
+  auto recovery = [](json extra) {
+    YAML::Node y = YAML::Load(controller::workerConfigYaml(makeJob(extra)));
+    return y["runtime"]["recovery"].as<std::string>();
+  };
+  EXPECT_EQ(recovery(json::object()), "inPlace");
+  EXPECT_EQ(recovery({{"runPolicy", {{"replicaRecovery", "InPlace"}}}}), "inPlace");
+  EXPECT_EQ(recovery({{"runPolicy", {{"replicaRecovery", "GangRestart"}}}}), "exit");
+  // ddp synchronizes every step: survivors cannot wait for a replacement.
+  EXPECT_EQ(recovery({{"algorithm", {{"mode", "ddp"}}}}), "exit");
+}
+
+TEST(Desired, OnlyReplacementPodsJoinTheRunningJob) {
+  auto job = makeJob();
+  EXPECT_FALSE(envOf(controller::desiredPod(job, 1, 0, {})).count("EDIT_JOIN"));
+  auto env = envOf(controller::desiredPod(job, 1, 0, {}, {}, true));
+  ASSERT_TRUE(env.count("EDIT_JOIN"));
+  EXPECT_EQ(env["EDIT_JOIN"]["value"], "1");
+}
+
+TEST(Desired, TelemetryTlsMountsTheCaSecretIntoWorkers) {
+  auto job = makeJob();
+  json plain = controller::desiredPod(job, 0, 0, {"op:9090"});
+  EXPECT_FALSE(envOf(plain).count("EDIT_TELEMETRY_CA_FILE"));
+  EXPECT_FALSE(plain["spec"].contains("volumes"));
+
+  json pod = controller::desiredPod(job, 0, 0, {"op.edit-system.svc:9090", "edit-telemetry-ca", "op.example"});
+  auto env = envOf(pod);
+  EXPECT_EQ(env["EDIT_TELEMETRY_CA_FILE"]["value"], "/etc/edit/telemetry-tls/ca.crt");
+  EXPECT_EQ(env["EDIT_TELEMETRY_SERVER_NAME"]["value"], "op.example");
+  ASSERT_EQ(pod["spec"]["volumes"].size(), 1u);
+  const json& v = pod["spec"]["volumes"][0];
+  EXPECT_EQ(v["name"], "edit-telemetry-ca");
+  EXPECT_EQ(v["secret"]["secretName"], "edit-telemetry-ca");
+  EXPECT_EQ(v["secret"]["items"], json::parse(R"([{"key": "ca.crt", "path": "ca.crt"}])"));  // only the CA
+  const json& m = pod["spec"]["containers"][0]["volumeMounts"][0];
+  EXPECT_EQ(m["name"], "edit-telemetry-ca");
+  EXPECT_EQ(m["mountPath"], "/etc/edit/telemetry-tls");
+  EXPECT_EQ(m["readOnly"], true);
+  // Without a server name override the variable is not set at all.
+  EXPECT_FALSE(envOf(controller::desiredPod(job, 0, 0, {"op:9090", "ca"})).count("EDIT_TELEMETRY_SERVER_NAME"));
 }
 
 TEST(Desired, SecretAndTokens) {

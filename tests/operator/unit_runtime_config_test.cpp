@@ -36,6 +36,14 @@ TEST(RuntimeConfig, FullSpecParsesInTheRuntime) {
   EXPECT_EQ(c.debug.injectStepDelay.rank, 1);
 }
 
+TEST(RuntimeConfig, ReplicaRecoveryBecomesRuntimeRecovery) {
+  auto recovery = [](json runPolicy) {
+    return edit::parseConfig(controller::workerConfigYaml(makeJob({{"image", "i"}, {"runPolicy", runPolicy}}))).runtime.recovery;
+  };
+  EXPECT_EQ(recovery(json::object()), "inPlace");
+  EXPECT_EQ(recovery({{"replicaRecovery", "GangRestart"}}), "exit");
+}
+
 TEST(RuntimeConfig, EmptySectionsParse) {
   EXPECT_NO_THROW(edit::parseConfig(controller::workerConfigYaml(makeJob({{"image", "i"}, {"model", json::object()}}))));
 }

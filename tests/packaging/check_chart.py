@@ -2,7 +2,7 @@
 """Renders the Helm chart with default and non-default values and checks the objects:
 valid YAML, the Deployment's flags, probes and security settings, least-privilege RBAC
 (no wildcards, exactly the rules the operator needs), Services, the optional Prometheus
-Operator resources, the dashboards ConfigMap and NOTES.txt."""
+Operator resources, the dashboards ConfigMap, NOTES.txt and the telemetry TLS wiring."""
 import json
 
 from common import (ALERTS, CHART, FULL_VALUES, dashboard_files, fail, helm_template, load_json,
@@ -76,6 +76,44 @@ def check_deployment(docs, values, problems):
         problems.append(f"Deployment: --leader-elect must be set exactly when replicaCount > 1 ({args})")
     if not c.get("resources", {}).get("requests"):
         problems.append("Deployment: no resource requests")
+    check_telemetry_tls(pod, c, args, values.get("telemetry", {}).get("tls", {}), problems)
+
+
+TLS_DIR = "/etc/edit-operator/telemetry-tls"
+
+
+def check_telemetry_tls(pod, c, args, tls, problems):
+    """telemetry.tls.enabled: the cert/key Secret mounted read-only, the flags pointing into
+    it, the workers' CA Secret passed on; disabled: none of it."""
+    tls_args = sorted(a for a in args if a.startswith("--telemetry-tls-"))
+    mounts = [m for m in c.get("volumeMounts", []) if m["name"] == "telemetry-tls"]
+    volumes = [v for v in pod.get("volumes", []) if v["name"] == "telemetry-tls"]
+    if not tls.get("enabled"):
+        if tls_args or mounts or volumes:
+            problems.append(f"Deployment: telemetry TLS is off but renders {tls_args}, {mounts}, {volumes}")
+        return
+    want = sorted([f"--telemetry-tls-cert={TLS_DIR}/tls.crt", f"--telemetry-tls-key={TLS_DIR}/tls.key",
+                   f"--telemetry-tls-ca-secret={tls['workerCaSecret']}"])
+    if tls_args != want:
+        problems.append(f"Deployment: telemetry TLS arguments {tls_args}, want {want}")
+    if mounts != [{"name": "telemetry-tls", "mountPath": TLS_DIR, "readOnly": True}]:
+        problems.append(f"Deployment: telemetry TLS mount {mounts}")
+    secret = (volumes[0].get("secret") or {}) if len(volumes) == 1 else {}
+    if secret.get("secretName") != tls["secretName"] or sorted(i["key"] for i in secret.get("items", [])) != [
+            "tls.crt", "tls.key"]:
+        problems.append(f"Deployment: telemetry TLS volume {volumes}, want tls.crt/tls.key of {tls['secretName']}")
+
+
+def check_tls_values_required(problems):
+    """Turning TLS on without naming the Secrets fails rendering, naming the missing value."""
+    for sets, missing in (("telemetry.tls.enabled=true,telemetry.tls.workerCaSecret=ca", "telemetry.tls.secretName"),
+                          ("telemetry.tls.enabled=true,telemetry.tls.secretName=tls", "telemetry.tls.workerCaSecret")):
+        try:
+            helm_template(None, ["--set", sets])
+            problems.append(f"--set {sets} rendered; it must fail naming {missing}")
+        except RuntimeError as e:
+            if f"{missing} is required" not in str(e):
+                problems.append(f"--set {sets} failed without naming {missing}: {str(e)[-300:]}")
 
 
 def check_rbac(docs, values, problems):
@@ -167,8 +205,12 @@ def check_docs(docs, problems):
 def main():
     problems = []
     full = load_yaml(FULL_VALUES)
+    tls_only = {"telemetry": {"tls": {"enabled": True, "secretName": "op-tls", "workerCaSecret": "op-ca"}}}
     cases = [("default", None, {}, [], False),
              ("full", FULL_VALUES, full, [], True),
+             ("telemetry TLS", None, tls_only,
+              ["--set", "telemetry.tls.enabled=true,telemetry.tls.secretName=op-tls,telemetry.tls.workerCaSecret=op-ca"],
+              False),
              ("default, cluster with Prometheus Operator", None, {}, ["--api-versions", "monitoring.coreos.com/v1"], True)]
     for name, values_file, values, extra, monitoring in cases:
         before = len(problems)
@@ -185,6 +227,7 @@ def main():
     crds = by_kind(docs, "CustomResourceDefinition")
     if [c["metadata"]["name"] for c in crds] != ["editjobs.edit.io"]:
         problems.append(f"--include-crds renders {[c['metadata']['name'] for c in crds]}")
+    check_tls_values_required(problems)
     check_notes(None, problems)
     check_notes(FULL_VALUES, problems)
     fail(problems, "chart")

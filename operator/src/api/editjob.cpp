@@ -118,6 +118,8 @@ RunPolicy parseRunPolicy(const json& spec) {
   rp.cleanPodPolicy = getString(o, "cleanPodPolicy", rp.cleanPodPolicy, p);
   requireOneOf(rp.cleanPodPolicy, {"All", "Running", "None"}, p + ".cleanPodPolicy");
   rp.suspend = getBool(o, "suspend", false, p);
+  rp.replicaRecovery = getString(o, "replicaRecovery", rp.replicaRecovery, p);
+  requireOneOf(rp.replicaRecovery, {"InPlace", "GangRestart"}, p + ".replicaRecovery");
   return rp;
 }
 
@@ -153,6 +155,11 @@ void validateWorkerSections(const EDiTJobSpec& s) {
 }
 
 }  // namespace
+
+std::string EDiTJobSpec::mode() const {
+  const json* m = field(algorithm, "mode");
+  return m && m->is_string() ? m->get<std::string>() : "edit";
+}
 
 JobMeta parseMeta(const json& obj) {
   JobMeta m;

@@ -34,6 +34,10 @@ struct RunPolicy {
   std::optional<long> ttlSecondsAfterFinished;   // delete the job this long after finishing
   std::string cleanPodPolicy = "Running";        // All | Running | None
   bool suspend = false;
+  // What a failed worker costs: InPlace recreates only its pod, which rejoins the running
+  // job (the survivors wait for it); GangRestart restarts every pod from the newest
+  // checkpoint. In-place recoveries and gang restarts share backoffLimit.
+  std::string replicaRecovery = "InPlace";       // InPlace | GangRestart
 };
 
 struct StragglerPolicy {
@@ -73,6 +77,11 @@ struct EDiTJobSpec {
   StragglerPolicy stragglerPolicy;
 
   int worldSize() const { return replicas * shardsPerReplica; }
+  // algorithm.mode as the runtime sees it (its default is edit).
+  std::string mode() const;
+  // Whether a failed worker may be replaced without a gang restart: runPolicy asks for it
+  // and the mode has local phases (ddp synchronizes every step, so survivors cannot wait).
+  bool inPlaceRecovery() const { return runPolicy.replicaRecovery == "InPlace" && mode() != "ddp"; }
 };
 
 // The parts of the object's metadata the controller needs.

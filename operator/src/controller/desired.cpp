@@ -103,6 +103,9 @@ std::string workerConfigYaml(const JobRef& job) {
   if (!dir.empty()) ckpt["dir"] = dir;
   put("checkpoint", ckpt);
   put("debug", s.debug);
+  // What survivors do when a peer dies: wait for its replacement, or exit 75 so that the
+  // operator restarts the gang (runPolicy.replicaRecovery; ddp never waits).
+  cfg["runtime"] = {{"recovery", s.inPlaceRecovery() ? "inPlace" : "exit"}};
   YAML::Emitter out;
   out << toYaml(cfg);
   return std::string(out.c_str()) + "\n";
@@ -157,7 +160,7 @@ json desiredPodGroup(const JobRef& job) {
 }
 
 json desiredPod(const JobRef& job, int rank, int restartGeneration, const OperatorSettings& settings,
-                const std::set<std::string>& avoidNodes) {
+                const std::set<std::string>& avoidNodes, bool joinRunningJob) {
   const auto& s = job.spec;
   const std::string& name = job.meta.name;
   const std::string& ns = job.meta.ns;
@@ -191,7 +194,14 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
       {{"name", "EDIT_METRICS_HOST"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
       envVar("EDIT_METRICS_PORT", std::to_string(kWorkerMetricsPort)),
   });
-  for (const auto& e : s.env) env.push_back(e);
+  const bool telemetryTls = !settings.telemetryCaSecret.empty();
+  if (telemetryTls) {
+    env.push_back(envVar("EDIT_TELEMETRY_CA_FILE", std::string(kTelemetryCaDir) + "/" + kTelemetryCaKey));
+    if (!settings.telemetryServerName.empty())
+      env.push_back(envVar("EDIT_TELEMETRY_SERVER_NAME", settings.telemetryServerName));
+  }
+  if (joinRunningJob) env.push_back(envVar("EDIT_JOIN", "1"));
+  for (const auto& e : s.env) env.push_back(e);  // after ours: the job's own values win
 
   json resources = s.resources;
   if (s.gpusPerWorker > 0) {
@@ -208,6 +218,12 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
   if (s.data.contains("pvc") && s.data["pvc"].is_string()) {
     volumes.push_back({{"name", "edit-data"}, {"persistentVolumeClaim", {{"claimName", s.data["pvc"]}, {"readOnly", true}}}});
     mounts.push_back({{"name", "edit-data"}, {"mountPath", kDataMount}, {"readOnly", true}});
+  }
+  if (telemetryTls) {  // only ca.crt: the Secret may hold other keys the worker must not see
+    volumes.push_back({{"name", "edit-telemetry-ca"},
+                       {"secret", {{"secretName", settings.telemetryCaSecret},
+                                   {"items", json::array({{{"key", kTelemetryCaKey}, {"path", kTelemetryCaKey}}})}}}});
+    mounts.push_back({{"name", "edit-telemetry-ca"}, {"mountPath", kTelemetryCaDir}, {"readOnly", true}});
   }
 
   json container = {{"name", "worker"}, {"image", s.image}, {"command", s.command}, {"env", env},

@@ -31,7 +31,14 @@ struct JobRef {
 // Options that come from the operator, not the job.
 struct OperatorSettings {
   std::string telemetryAdvertiseAddr;  // EDIT_TELEMETRY_ADDR given to workers
+  // Secret in the job's namespace whose key ca.crt verifies the operator's telemetry
+  // certificate (--telemetry-tls-ca-secret). Set: workers mount it at kTelemetryCaDir
+  // and get EDIT_TELEMETRY_CA_FILE, which turns TLS on. Empty: plaintext.
+  std::string telemetryCaSecret;
+  std::string telemetryServerName;  // EDIT_TELEMETRY_SERVER_NAME (only with telemetryCaSecret)
 };
+inline constexpr const char* kTelemetryCaDir = "/etc/edit/telemetry-tls";
+inline constexpr const char* kTelemetryCaKey = "ca.crt";
 
 std::string configMapName(const std::string& job);
 std::string secretName(const std::string& job);
@@ -49,9 +56,11 @@ json desiredSecret(const JobRef& job, const std::string& token);
 json desiredService(const JobRef& job);
 // Empty object when no gang scheduler is named.
 json desiredPodGroup(const JobRef& job);
-// avoidNodes: nodes this rank must not land on (straggler replacement).
+// avoidNodes: nodes this rank must not land on (straggler replacement). joinRunningJob:
+// the pod replaces a failed rank of a running gang (env EDIT_JOIN=1: it takes the state
+// from its peers instead of starting a new rendezvous).
 json desiredPod(const JobRef& job, int rank, int restartGeneration, const OperatorSettings& settings,
-                const std::set<std::string>& avoidNodes = {});
+                const std::set<std::string>& avoidNodes = {}, bool joinRunningJob = false);
 
 // 32 random bytes as 64 hex characters (from the OS CSPRNG).
 std::string randomToken();

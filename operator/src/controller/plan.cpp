@@ -4,6 +4,7 @@
 #include <set>
 
 #include "controller/desired.h"
+#include "controller/recovery.h"
 #include "util/log.h"
 
 namespace edit::op::controller {
@@ -25,12 +26,25 @@ std::string describeExit(const ObservedPod& p) {
   return s;
 }
 
+std::string describeExits(const std::vector<const ObservedPod*>& pods) {
+  std::string s;
+  for (const auto* p : pods) s += (s.empty() ? "" : ", ") + describeExit(*p);
+  return s;
+}
+
+std::string rankList(const std::vector<const ObservedPod*>& pods) {
+  std::string s;
+  for (const auto* p : pods) s += (s.empty() ? "" : ", ") + std::to_string(p->rank);
+  return s;
+}
+
 }  // namespace
 
 ObservedPod observePod(const json& pod) {
   ObservedPod o;
   const json& md = pod["metadata"];
   o.name = md.value("name", "");
+  o.uid = md.value("uid", "");
   json labels = md.value("labels", json::object());
   o.rank = labelInt(labels, kLabelRank, -1);
   o.generation = labelInt(labels, kLabelGeneration, 0);
@@ -98,6 +112,9 @@ class Planner {
     phase_ = st_.value("phase", "");
     restartGen_ = st_.value("restartGeneration", 0);
     restarts_ = st_.value("restarts", 0);
+    recoveries_ = st_.value("replicaRecoveries", 0);
+    recovery_ = RecoveryRecord::fromStatus(st_);
+    if (!recovery_) st_.erase("recovery");  // unreadable: nothing to resume
   }
 
   Plan run() {
@@ -222,6 +239,7 @@ class Planner {
       event("Normal", "Suspended", "job suspended; workers deleted");
       st_.erase("startTime");  // the deadline counts from the next start
     }
+    clearRecovery("Suspended", "job suspended");  // resuming creates a whole new gang
     return done();
   }
 
@@ -232,6 +250,7 @@ class Planner {
     cond("Failed", "True", reason, msg);
     if (findCondition(st_, "Running")) cond("Running", "False", reason, msg);
     if (findCondition(st_, "Restarting")) cond("Restarting", "False", reason, msg);
+    clearRecovery(reason, msg);
     event("Warning", reason, msg);
     cleanup(stopRunning);
     scheduleTtl();
@@ -261,21 +280,30 @@ class Planner {
     st_["message"] = msg;
     cond("Restarting", "True", reason, msg);
     if (findCondition(st_, "Running")) cond("Running", "False", reason, msg);
+    clearRecovery("GangRestarted", msg);
     event("Warning", "Restarting",
-          msg + "; restarting the gang (restart " + std::to_string(restarts_) + " of " +
-              std::to_string(spec_->runPolicy.backoffLimit) + ")");
+          msg + "; restarting the gang (restart " + std::to_string(restarts_) + "; " + std::to_string(budgetUsed()) +
+              " of runPolicy.backoffLimit=" + std::to_string(spec_->runPolicy.backoffLimit) + " used)");
     for (const auto& p : in_.pods)
       if (!p.deleting) plan_.podsToDelete.push_back(p.name);
     plan_.gangRestarted = true;
     plan_.requeueAfterSeconds = 1;
   }
 
+  // Gang restarts and in-place recoveries share runPolicy.backoffLimit.
+  int budgetUsed() const { return restarts_ + recoveries_; }
+
   bool handleFailures() {
-    const ObservedPod* failed = nullptr;
+    std::vector<const ObservedPod*> failed;  // failures not acted on yet
     const ObservedPod* permanent = nullptr;
     for (const auto* p : current()) {
       if (p->phase != "Failed") continue;
-      if (!failed) failed = p;
+      if (recovery_ && recovery_->replaces(*p)) {
+        // Already being replaced: repeat the delete (idempotent) in case the last one was lost.
+        if (!p->deleting) plan_.podsToDelete.push_back(p->name);
+        continue;
+      }
+      failed.push_back(p);
       if (!permanent && p->exitCode && isPermanentExitCode(*p->exitCode)) permanent = p;
     }
     if (permanent) {
@@ -283,10 +311,26 @@ class Planner {
       return true;
     }
     std::string reason, msg;
-    if (failed) {
+    if (!failed.empty()) {
       reason = "WorkerFailed";
-      msg = describeExit(*failed);
+      msg = describeExits(failed);
+      const std::string why = gangRestartReason(*spec_, phase_, failed, recovery_ ? &*recovery_ : nullptr);
+      if (why.empty() && recovery_) {
+        // Another rank failed while the first is replaced: the same recovery, same budget.
+        replaceInPlace(failed, msg);
+        return true;
+      }
+      if (why.empty() && budgetUsed() < spec_->runPolicy.backoffLimit) {
+        recoveries_++;
+        st_["replicaRecoveries"] = recoveries_;
+        recovery_ = RecoveryRecord{{}, now_, {}};
+        replaceInPlace(failed, msg);
+        return true;
+      }
+      if (!why.empty()) msg += "; gang restart: " + why;
     } else if (in_.telemetry.hung && phase_ == "Running") {
+      // The survivors of a recovery make no progress while they wait for the replacement.
+      if (recoveryYoungerThanHangTimeout()) return false;
       reason = "Hung";
       msg = "no training progress for hangTimeoutSeconds=" + std::to_string(spec_->hangTimeoutSeconds);
       cond("Hung", "True", "NoProgress", msg);
@@ -297,14 +341,47 @@ class Planner {
     } else {
       return false;
     }
-    if (restarts_ >= spec_->runPolicy.backoffLimit) {
+    if (budgetUsed() >= spec_->runPolicy.backoffLimit) {
       fail("BackoffLimitExceeded", msg + "; runPolicy.backoffLimit=" + std::to_string(spec_->runPolicy.backoffLimit) +
-                                       " restarts already used",
+                                       " already used (" + std::to_string(restarts_) + " gang restarts, " +
+                                       std::to_string(recoveries_) + " in-place recoveries)",
            true);
       return true;
     }
     restart(reason, msg);
     return true;
+  }
+
+  // Deletes the failed pods (normal grace) and records their ranks, so that createMissing
+  // recreates them with EDIT_JOIN=1 in the same restart generation.
+  void replaceInPlace(const std::vector<const ObservedPod*>& failed, const std::string& msg) {
+    for (const auto* p : failed) {
+      recovery_->add(*p);
+      if (!p->deleting) plan_.podsToDelete.push_back(p->name);
+      plan_.recoveredRanks.push_back(p->rank);
+    }
+    st_["recovery"] = recovery_->toJson();
+    const std::string what = "replacing rank(s) " + recovery_->rankList() + " in place; the other workers wait for them";
+    st_["message"] = what;
+    cond("Recovering", "True", "ReplicaFailed", msg + "; " + what);
+    event("Warning", "RecoveringReplica",
+          msg + "; replacing rank(s) " + rankList(failed) + " in place (in-place recovery " + std::to_string(recoveries_) +
+              "; " + std::to_string(budgetUsed()) + " of runPolicy.backoffLimit=" +
+              std::to_string(spec_->runPolicy.backoffLimit) + " used)");
+    plan_.requeueAfterSeconds = 1;
+  }
+
+  bool recoveryYoungerThanHangTimeout() const {
+    if (!recovery_ || spec_->hangTimeoutSeconds <= 0) return false;
+    const std::time_t started = log::parseRfc3339(recovery_->startTime);
+    return started && in_.now - started < spec_->hangTimeoutSeconds;
+  }
+
+  // Ends a recovery record (done, or superseded by a gang restart, a failure, a suspend).
+  void clearRecovery(const std::string& reason, const std::string& msg) {
+    recovery_.reset();
+    st_.erase("recovery");
+    if (conditionTrue(st_, "Recovering")) cond("Recovering", "False", reason, msg);
   }
 
   bool succeeded() {
@@ -318,6 +395,7 @@ class Planner {
     cond("Succeeded", "True", "AllWorkersSucceeded", st_["message"]);
     if (findCondition(st_, "Running")) cond("Running", "False", "Completed", "job finished");
     if (findCondition(st_, "Restarting")) cond("Restarting", "False", "Completed", "job finished");
+    clearRecovery("Completed", "job finished");
     event("Normal", "Succeeded", st_["message"]);
     mergeTelemetry();
     // Every worker exited 0, so training reached its budget even when the last reports
@@ -342,11 +420,16 @@ class Planner {
     plan_.ensureChildren = true;
     if (!st_.contains("startTime")) st_["startTime"] = now_;
     if (static_cast<int>(plan_.ranksToCreate.size()) == spec_->worldSize()) {
+      // Nothing left to join (e.g. every pod was deleted): a new gang, no replacements.
+      clearRecovery("GangRecreated", "every worker pod was gone; creating the gang again");
       plan_.gangCreated = true;
       event("Normal", "Created",
             "creating " + std::to_string(spec_->worldSize()) + " worker pods (restart generation " +
                 std::to_string(restartGen_) + ")");
     }
+    if (recovery_)
+      for (int r : plan_.ranksToCreate)
+        if (recovery_->covers(r)) plan_.joiningRanks.push_back(r);
     if (phase_ == "Pending") {
       setPhase("Created");
       cond("Created", "True", "GangCreated", "worker pods, service and config created");
@@ -368,6 +451,15 @@ class Planner {
       if (wasRestarting) cond("Restarting", "False", "Recovered", "gang recreated and running");
       if (conditionTrue(st_, "Hung")) cond("Hung", "False", "Recovered", "gang restarted");
       event("Normal", "Running", "all " + std::to_string(spec_->worldSize()) + " workers are running");
+    }
+    if (allUp && recovery_) {
+      const std::time_t started = log::parseRfc3339(recovery_->startTime);
+      const std::string what = "rank(s) " + recovery_->rankList() + " replaced in place; all " +
+                               std::to_string(spec_->worldSize()) + " workers running again after " +
+                               std::to_string(started ? static_cast<long>(in_.now - started) : 0L) + " s";
+      clearRecovery("Recovered", what);
+      st_["message"] = "all workers running";
+      event("Normal", "ReplicaRecovered", what);
     }
   }
 
@@ -393,7 +485,8 @@ class Planner {
       }
       cond("StragglerDetected", "True", "SlowWorkers", msg);
       if (fresh) event("Warning", "StragglerDetected", msg);
-      if (spec_->stragglerPolicy.action == "Replace" && phase_ == "Running")
+      // Not during a recovery: every step time is distorted while the survivors wait.
+      if (spec_->stragglerPolicy.action == "Replace" && phase_ == "Running" && !recovery_)
         for (const auto& s : t.stragglers)
           for (const auto* p : current())
             if (p->rank == s.value("rank", -1) && !p->deleting) {
@@ -415,6 +508,8 @@ class Planner {
   std::string phase_;
   int restartGen_ = 0;
   int restarts_ = 0;
+  int recoveries_ = 0;                      // status.replicaRecoveries
+  std::optional<RecoveryRecord> recovery_;  // status.recovery: ranks being replaced in place
 };
 
 }  // namespace

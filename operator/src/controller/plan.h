@@ -17,6 +17,7 @@ using nlohmann::json;
 
 struct ObservedPod {
   std::string name;
+  std::string uid;
   int rank = -1;
   int generation = 0;        // edit.io/restart-generation label
   std::string phase;         // Pending | Running | Succeeded | Failed | Unknown
@@ -30,7 +31,8 @@ ObservedPod observePod(const json& pod);
 
 // Exit codes that no restart can fix: 2 = invalid config or data (edit-train), 126 = not
 // executable, 127 = command not found. Everything else (crash, OOM kill 137, preemption
-// 143) is retried from the newest checkpoint.
+// 143) is retried: by replacing the failed ranks in place where runPolicy.replicaRecovery
+// allows it (controller/recovery.h), else by a gang restart from the newest checkpoint.
 bool isPermanentExitCode(int code);
 
 struct TelemetryView {
@@ -51,6 +53,8 @@ struct Plan {
   json status;                       // the status to store
   bool ensureChildren = false;       // ConfigMap, Secret, Service, PodGroup must exist
   std::vector<int> ranksToCreate;    // in the current restartGeneration
+  std::vector<int> joiningRanks;     // of ranksToCreate: replacements that join the running job (EDIT_JOIN=1)
+  std::vector<int> recoveredRanks;   // ranks whose failed pods this plan starts to replace in place
   std::vector<std::string> podsToDelete;
   bool deleteImmediately = false;    // a hung gang cannot checkpoint: no grace period
   bool deleteJob = false;            // TTL after finish expired

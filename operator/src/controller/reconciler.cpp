@@ -1,5 +1,6 @@
 #include "controller/reconciler.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "util/log.h"
@@ -104,16 +105,23 @@ void Reconciler::ensureChildren(const JobRef& job) {
   }
 }
 
-void Reconciler::createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration) {
+void Reconciler::createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
+                            const std::vector<int>& joiningRanks) {
   std::map<int, std::set<std::string>> avoid;
   {
     std::lock_guard<std::mutex> lock(mu_);
     avoid = avoid_[job.meta.ns + "/" + job.meta.name];
   }
   for (int rank : ranks) {
-    json pod = desiredPod(job, rank, restartGeneration, settings_, avoid[rank]);
-    if (createIgnoringExists(client_, res::Pods, job.meta.ns, pod))
-      log::debug("created pod", {{"namespace", job.meta.ns}, {"job", job.meta.name}, {"rank", rank}});
+    const bool join = std::find(joiningRanks.begin(), joiningRanks.end(), rank) != joiningRanks.end();
+    json pod = desiredPod(job, rank, restartGeneration, settings_, avoid[rank], join);
+    if (createIgnoringExists(client_, res::Pods, job.meta.ns, pod)) {
+      if (join)
+        log::info("created replacement pod (joins the running job)",
+                  {{"namespace", job.meta.ns}, {"job", job.meta.name}, {"rank", rank}});
+      else
+        log::debug("created pod", {{"namespace", job.meta.ns}, {"job", job.meta.name}, {"rank", rank}});
+    }
   }
 }
 
@@ -204,6 +212,7 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
   }
   metrics_.setJobPhase(ns, name, newPhase);
   metrics_.setJobRestarts(ns, name, st.value("restarts", 0));
+  metrics_.setJobReplicaRecoveries(ns, name, st.value("replicaRecoveries", 0));
   for (const auto& ev : plan.events) events_.record(*jobObj, ev.type, ev.reason, ev.message);
 
   for (const auto& [rank, node] : plan.replacedRanks) {
@@ -211,6 +220,7 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
     if (!node.empty()) avoid_[ns + "/" + name][rank].insert(node);
   }
   for (const auto& [rank, node] : plan.replacedRanks) hub_.resetRank(ns, name, rank);
+  for (int rank : plan.recoveredRanks) hub_.resetRank(ns, name, rank);  // its replacement starts a new window
   for (const auto& pod : plan.podsToDelete)
     client_.remove(res::Pods, ns, pod, "Background", plan.deleteImmediately ? 0 : -1);
 
@@ -219,7 +229,7 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
     ensureChildren(*job);
   }
   if (job && !plan.ranksToCreate.empty()) {
-    createPods(*job, plan.ranksToCreate, restartGen);
+    createPods(*job, plan.ranksToCreate, restartGen, plan.joiningRanks);
     if (plan.gangCreated) metrics_.jobCreated();
   }
   if (plan.deleteJob) {

@@ -37,7 +37,9 @@ class Reconciler {
   std::vector<json> ownedPods(const json& job, const api::JobMeta& meta);
   std::string ensureToken(const JobRef& job, bool mayCreate);
   void ensureChildren(const JobRef& job);
-  void createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration);
+  // joiningRanks: replacements of an in-place recovery (EDIT_JOIN=1).
+  void createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
+                  const std::vector<int>& joiningRanks = {});
   TelemetryView telemetryView(const JobRef& job, const std::string& phase, const std::vector<ObservedPod>& pods);
   void forget(const std::string& ns, const std::string& name);
 

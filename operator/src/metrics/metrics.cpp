@@ -20,6 +20,7 @@ Metrics::Metrics()
       jobSync_(BuildGauge().Name("edit_job_sync_seconds").Help("Mean duration of the workers' last synchronization round in seconds.").Register(*registry_)),
       jobPhase_(BuildGauge().Name("edit_job_phase").Help("1 for the job's current phase, 0 for the others.").Register(*registry_)),
       jobRestarts_(BuildCounter().Name("edit_job_restarts_total").Help("Gang restarts of the job.").Register(*registry_)),
+      jobRecoveries_(BuildCounter().Name("edit_job_replica_recoveries_total").Help("In-place recoveries of the job: failed workers replaced without a gang restart.").Register(*registry_)),
       reconcileTotal_(BuildCounter().Name("edit_operator_reconcile_total").Help("Reconciliations by result.").Register(*registry_)),
       reconcileSeconds_(BuildHistogram().Name("edit_operator_reconcile_seconds").Help("Duration of reconciliations in seconds.").Register(*registry_)),
       reconcileHist_(&reconcileSeconds_.Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
@@ -103,6 +104,7 @@ Metrics::JobSeries& Metrics::jobLocked(const std::string& ns, const std::string&
   s.step = &jobStep_.Add(labels);
   s.sync = &jobSync_.Add(labels);
   s.restarts = &jobRestarts_.Add(labels);
+  s.recoveries = &jobRecoveries_.Add(labels);
   for (const char* p : kPhases) {
     auto l = labels;
     l["phase"] = p;
@@ -134,6 +136,13 @@ void Metrics::setJobRestarts(const std::string& ns, const std::string& job, doub
   s.restartsSeen = std::max(s.restartsSeen, total);
 }
 
+void Metrics::setJobReplicaRecoveries(const std::string& ns, const std::string& job, double total) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& s = jobLocked(ns, job);
+  if (total > s.recoveriesSeen) s.recoveries->Increment(total - s.recoveriesSeen);
+  s.recoveriesSeen = std::max(s.recoveriesSeen, total);
+}
+
 void Metrics::removeJob(const std::string& ns, const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = workers_.begin(); it != workers_.end();) {
@@ -153,6 +162,7 @@ void Metrics::removeJob(const std::string& ns, const std::string& job) {
   jobStep_.Remove(s.step);
   jobSync_.Remove(s.sync);
   jobRestarts_.Remove(s.restarts);
+  jobRecoveries_.Remove(s.recoveries);
   for (auto& [p, g] : s.phases) jobPhase_.Remove(g);
   jobs_.erase(it);
 }

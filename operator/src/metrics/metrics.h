@@ -45,6 +45,8 @@ class Metrics {
   void setJob(const std::string& ns, const std::string& job, const JobSample& s);
   void setJobPhase(const std::string& ns, const std::string& job, const std::string& phase);
   void setJobRestarts(const std::string& ns, const std::string& job, double total);
+  // status.replicaRecoveries: failed ranks replaced in place, without a gang restart.
+  void setJobReplicaRecoveries(const std::string& ns, const std::string& job, double total);
   void removeJob(const std::string& ns, const std::string& job);
   // Recomputes edit_worker_last_report_age_seconds for every worker.
   void refreshAges(double nowUnix);
@@ -70,6 +72,8 @@ class Metrics {
     std::map<std::string, prometheus::Gauge*> phases;
     prometheus::Counter* restarts;
     double restartsSeen = 0;
+    prometheus::Counter* recoveries;
+    double recoveriesSeen = 0;
   };
   void removeWorkerLocked(WorkerSeries& s);
   JobSeries& jobLocked(const std::string& ns, const std::string& job);
@@ -91,6 +95,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& jobSync_;
   prometheus::Family<prometheus::Gauge>& jobPhase_;
   prometheus::Family<prometheus::Counter>& jobRestarts_;
+  prometheus::Family<prometheus::Counter>& jobRecoveries_;
   prometheus::Family<prometheus::Counter>& reconcileTotal_;
   prometheus::Family<prometheus::Histogram>& reconcileSeconds_;
   prometheus::Histogram* reconcileHist_;

@@ -3,8 +3,17 @@
 #include <cmath>
 
 #include <grpcpp/grpcpp.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
 
 #include "util/log.h"
 
@@ -202,9 +211,61 @@ class TelemetryServer::Service final : public pb::Telemetry::Service {
   TelemetryHub& hub_;
 };
 
-TelemetryServer::TelemetryServer(TelemetryHub& hub, const std::string& addr) : service_(std::make_unique<Service>(hub)) {
+namespace {
+
+std::string readPemFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument(flag + ": cannot read " + path + ": " + std::strerror(errno));
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+using Bio = std::unique_ptr<BIO, decltype(&BIO_free)>;
+Bio memBio(const std::string& pem) { return Bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free); }
+
+// An encrypted key must fail instead of prompting for a passphrase on the terminal.
+int noPassphrase(char*, int, int, void*) { return 0; }
+
+}  // namespace
+
+ServerTls loadServerTls(const std::string& certFile, const std::string& keyFile) {
+  if (certFile.empty() && keyFile.empty()) return {};
+  if (certFile.empty() || keyFile.empty())
+    throw std::invalid_argument("--telemetry-tls-cert and --telemetry-tls-key must be given together (got only " +
+                                std::string(certFile.empty() ? "--telemetry-tls-key" : "--telemetry-tls-cert") + ")");
+  ServerTls tls;
+  tls.certPem = readPemFile("--telemetry-tls-cert", certFile);
+  tls.keyPem = readPemFile("--telemetry-tls-key", keyFile);
+  // Check here so that a bad file stops the operator at startup with the flag named,
+  // not at every worker's handshake.
+  std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(memBio(tls.certPem).get(), nullptr, noPassphrase, nullptr),
+                                                   X509_free);
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(memBio(tls.keyPem).get(), nullptr, noPassphrase, nullptr), EVP_PKEY_free);
+  ERR_clear_error();  // leave no parse errors behind for gRPC's own OpenSSL use
+  if (!cert) throw std::invalid_argument("--telemetry-tls-cert: " + certFile + " holds no PEM certificate");
+  if (!key)
+    throw std::invalid_argument("--telemetry-tls-key: " + keyFile +
+                                " holds no PEM private key (an encrypted key is not supported)");
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    ERR_clear_error();
+    throw std::invalid_argument("--telemetry-tls-key: " + keyFile + " is not the key of the certificate in " +
+                                "--telemetry-tls-cert " + certFile);
+  }
+  return tls;
+}
+
+TelemetryServer::TelemetryServer(TelemetryHub& hub, const std::string& addr, const ServerTls& tls)
+    : service_(std::make_unique<Service>(hub)) {
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (tls.enabled()) {
+    grpc::SslServerCredentialsOptions options;  // no client certificates: workers authenticate with the job token
+    options.pem_key_cert_pairs.push_back({tls.keyPem, tls.certPem});
+    creds = grpc::SslServerCredentials(options);
+  }
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(addr, creds, &port_);
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) throw std::runtime_error("telemetry: cannot listen on " + addr);

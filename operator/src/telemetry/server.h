@@ -73,10 +73,23 @@ class TelemetryHub {
   std::function<void(const std::string&, const std::string&)> onReport_;
 };
 
+// PEM material of a TLS telemetry server (--telemetry-tls-cert/--telemetry-tls-key).
+// Empty: plaintext. Token auth applies either way. Never logged.
+struct ServerTls {
+  std::string certPem;  // certificate chain, leaf first
+  std::string keyPem;   // private key of the leaf
+  bool enabled() const { return !certPem.empty(); }
+};
+
+// Reads and checks the two files: both or neither must be given, each must hold PEM, and
+// the key must belong to the certificate. Errors (std::invalid_argument) name the flag
+// and the file, never the content. Both empty: a disabled ServerTls.
+ServerTls loadServerTls(const std::string& certFile, const std::string& keyFile);
+
 // The gRPC server around a hub. addr "host:port" (port 0: any free port).
 class TelemetryServer {
  public:
-  TelemetryServer(TelemetryHub& hub, const std::string& addr);
+  TelemetryServer(TelemetryHub& hub, const std::string& addr, const ServerTls& tls = {});
   ~TelemetryServer();
   int port() const { return port_; }
   void shutdown();

@@ -1,0 +1,65 @@
+#include "controller/recovery.h"
+
+#include <algorithm>
+
+namespace edit::op::controller {
+
+namespace {
+// edit-train's exit codes that rule out an in-place recovery (docs/design-decisions.md).
+constexpr int kExitPeerLost = 75;    // a peer was lost and this worker could not wait for it
+constexpr int kExitStopped = 143;    // SIGTERM: every rank checkpoints and stops together
+}  // namespace
+
+std::optional<RecoveryRecord> RecoveryRecord::fromStatus(const json& status) {
+  if (!status.is_object() || !status.contains("recovery") || !status["recovery"].is_object()) return std::nullopt;
+  const json& r = status["recovery"];
+  RecoveryRecord rec;
+  for (const auto& v : r.value("ranks", json::array()))
+    if (v.is_number_integer()) rec.ranks.push_back(v.get<int>());
+  for (const auto& v : r.value("failedPodUIDs", json::array()))
+    if (v.is_string()) rec.failedPodUIDs.push_back(v.get<std::string>());
+  rec.startTime = r.value("startTime", "");
+  if (rec.ranks.empty()) return std::nullopt;
+  return rec;
+}
+
+json RecoveryRecord::toJson() const {
+  return {{"ranks", ranks}, {"startTime", startTime}, {"failedPodUIDs", failedPodUIDs}};
+}
+
+bool RecoveryRecord::covers(int rank) const { return std::find(ranks.begin(), ranks.end(), rank) != ranks.end(); }
+
+bool RecoveryRecord::replaces(const ObservedPod& pod) const {
+  return !pod.uid.empty() && std::find(failedPodUIDs.begin(), failedPodUIDs.end(), pod.uid) != failedPodUIDs.end();
+}
+
+void RecoveryRecord::add(const ObservedPod& pod) {
+  if (!covers(pod.rank)) {
+    ranks.push_back(pod.rank);
+    std::sort(ranks.begin(), ranks.end());
+  }
+  if (!pod.uid.empty() && !replaces(pod)) failedPodUIDs.push_back(pod.uid);
+}
+
+std::string RecoveryRecord::rankList() const {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
+                              const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active) {
+  if (spec.runPolicy.replicaRecovery != "InPlace") return "runPolicy.replicaRecovery is " + spec.runPolicy.replicaRecovery;
+  if (spec.mode() == "ddp") return "mode ddp synchronizes every step, so no rank can be replaced alone";
+  // Before every pod ran the gang had not formed: there is no running job to join.
+  if (phase != "Running") return "the gang was not running yet";
+  for (const auto* p : failed) {
+    if (p->rank == 0) return "rank 0 hosts the rendezvous store";
+    if (p->exitCode == kExitPeerLost) return p->name + " could not wait for a replacement (exit 75)";
+    if (p->exitCode == kExitStopped) return p->name + " was stopped (exit 143: the gang checkpointed and stops)";
+    if (active && active->isReplacement(*p)) return "the replacement pod " + p->name + " failed while joining";
+  }
+  return "";
+}
+
+}  // namespace edit::op::controller

@@ -1,0 +1,41 @@
+// In-place replica recovery, the planner's part: the record of a recovery in progress
+// (status.recovery) and the rule that decides whether failed workers can be replaced
+// without a gang restart. The runtime's side: a pod started with EDIT_JOIN=1 joins the
+// running job and takes the outer state from its sync-group peers, while the survivors
+// wait for it (runtime.recovery: inPlace). Pure functions, like the rest of the planner.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/editjob.h"
+#include "controller/plan.h"
+
+namespace edit::op::controller {
+
+// status.recovery while failed ranks are being replaced in place.
+struct RecoveryRecord {
+  std::vector<int> ranks;                   // replaced ranks; their new pods get EDIT_JOIN=1
+  std::string startTime;                    // RFC 3339, when the first failure was seen
+  std::vector<std::string> failedPodUIDs;   // the failed incarnations (same pod names as their replacements)
+
+  static std::optional<RecoveryRecord> fromStatus(const json& status);
+  json toJson() const;
+  bool covers(int rank) const;
+  // The failed incarnation this record replaces (to be deleted, not counted again).
+  bool replaces(const ObservedPod& pod) const;
+  // A pod of a recovered rank created after the failure: the replacement.
+  bool isReplacement(const ObservedPod& pod) const { return covers(pod.rank) && !replaces(pod); }
+  // Adds failed pods to the record (a second rank failing while the first is replaced).
+  void add(const ObservedPod& pod);
+  std::string rankList() const;  // "1, 3"
+};
+
+// Why these failed pods need a gang restart; empty when they can be replaced in place.
+// phase: the job's phase before this failure (only a gang that formed can be joined).
+std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
+                              const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active);
+
+}  // namespace edit::op::controller

@@ -139,9 +139,14 @@ TEST_F(OperatorIntegration, ReplaceActionRecreatesStragglerAwayFromItsNode) {
                           ["nodeSelectorTerms"][0]["matchExpressions"][0];
   EXPECT_EQ(expr["operator"], "NotIn");
   EXPECT_EQ(expr["values"], json::array({oldNode}));
-  // Only the straggler was replaced.
+  // Only the straggler was replaced, in place: its new pod joins the running job.
   EXPECT_EQ(pods("repl").size(), 3u);
   EXPECT_EQ(job("repl")["status"].value("restarts", 0), 0);
+  EXPECT_EQ(job("repl")["status"].value("replicaRecoveries", 0), 1);
+  std::string join;
+  for (const auto& e : fresh["spec"]["containers"][0]["env"])
+    if (e.value("name", "") == "EDIT_JOIN") join = e.value("value", "");
+  EXPECT_EQ(join, "1");
 }
 
 TEST_F(OperatorIntegration, WrongTokenIsRejected) {

@@ -277,6 +277,39 @@ TEST(Plan, StragglersAndReplace) {
   ASSERT_EQ(r.replacedRanks.size(), 1u);
   EXPECT_EQ(r.replacedRanks[0].second, "n1");
   for (const auto& e : r.events) EXPECT_NE(e.reason, "StragglerDetected");  // already reported
+  // Replaced in place (replicaRecovery InPlace is the default): killed at once, its new
+  // pod joins the running job; a recovery, not a gang restart.
+  EXPECT_TRUE(r.deleteImmediately);
+  EXPECT_EQ(r.recoveredRanks, std::vector<int>{1});
+  EXPECT_EQ(r.status.value("replicaRecoveries", 0), 1);
+  EXPECT_EQ(r.status.value("restarts", 0), 0);
+  EXPECT_EQ(condStatus(r.status, "Recovering"), "True");
+  EXPECT_EQ(r.status["recovery"]["ranks"], json::array({1}));
+
+  // Rank 0 hosts the rendezvous store, and GangRestart opts out: deleted with its grace
+  // period, no recovery record (its peers fail and the gang restarts).
+  for (const auto& [which, spec] : {std::pair<int, json>{0, {{"stragglerPolicy", {{"action", "Replace"}}}}},
+                                    std::pair<int, json>{1, {{"stragglerPolicy", {{"action", "Replace"}}},
+                                                             {"runPolicy", {{"replicaRecovery", "GangRestart"}}}}}}) {
+    PlanInput g = input(spec, p.status);
+    g.pods = in.pods;
+    g.telemetry = in.telemetry;
+    g.telemetry.stragglers[0]["rank"] = which;
+    Plan gp = planReconcile(g);
+    EXPECT_EQ(gp.podsToDelete, std::vector<std::string>{"j-worker-" + std::to_string(which)});
+    EXPECT_FALSE(gp.deleteImmediately);
+    EXPECT_TRUE(gp.recoveredRanks.empty());
+    EXPECT_FALSE(gp.status.contains("recovery"));
+  }
+
+  // With runPolicy.backoffLimit spent a straggler is only reported: slow beats Failed.
+  PlanInput spent = input({{"stragglerPolicy", {{"action", "Replace"}}}, {"runPolicy", {{"backoffLimit", 1}}}}, p.status);
+  spent.status["restarts"] = 1;
+  spent.pods = in.pods;
+  spent.telemetry = in.telemetry;
+  Plan sp = planReconcile(spent);
+  EXPECT_TRUE(sp.podsToDelete.empty());
+  EXPECT_EQ(condStatus(sp.status, "StragglerDetected"), "True");
 
   PlanInput clear = input({}, p.status);
   clear.pods = in.pods;

@@ -371,6 +371,44 @@ class Planner {
     plan_.requeueAfterSeconds = 1;
   }
 
+  // stragglerPolicy.action Replace: the straggler's pod is recreated with an anti-affinity
+  // to its node. Where a failed rank could be replaced in place, so is the straggler: it
+  // is killed at once (a SIGTERM would make every rank checkpoint and stop) and its
+  // replacement joins the running job. Otherwise it is deleted normally and its peers'
+  // collectives fail: a gang restart from the newest checkpoint.
+  void replaceStraggler(const ObservedPod& p, const std::string& reportedNode) {
+    // Either way the replacement spends the backoff budget; a slow job is better than a
+    // Failed one, so with the budget spent the straggler is only reported.
+    if (!recovery_ && budgetUsed() >= spec_->runPolicy.backoffLimit) return;
+    const std::string node = p.node.empty() ? reportedNode : p.node;
+    plan_.replacedRanks.emplace_back(p.rank, node);
+    plan_.podsToDelete.push_back(p.name);
+    const std::string why = gangRestartReason(*spec_, phase_, {&p}, nullptr);
+    if (!why.empty()) {
+      event("Warning", "ReplacingStraggler",
+            "deleting straggler " + p.name + " to recreate it away from node " + node + " (gang restart: " + why + ")");
+      return;
+    }
+    if (!recovery_) {
+      recoveries_++;
+      st_["replicaRecoveries"] = recoveries_;
+      recovery_ = RecoveryRecord{{}, now_, {}};
+    }
+    recovery_->add(p);
+    st_["recovery"] = recovery_->toJson();
+    plan_.recoveredRanks.push_back(p.rank);
+    plan_.deleteImmediately = true;
+    const std::string what = "replacing straggler rank(s) " + recovery_->rankList() +
+                             " in place away from their nodes; the other workers wait for them";
+    st_["message"] = what;
+    cond("Recovering", "True", "StragglerReplaced", what);
+    event("Warning", "ReplacingStraggler",
+          "killing straggler " + p.name + " on node " + node + "; its replacement joins the running job in place (in-place recovery " +
+              std::to_string(recoveries_) + "; " + std::to_string(budgetUsed()) + " of runPolicy.backoffLimit=" +
+              std::to_string(spec_->runPolicy.backoffLimit) + " used)");
+    plan_.requeueAfterSeconds = 1;
+  }
+
   bool recoveryYoungerThanHangTimeout() const {
     if (!recovery_ || spec_->hangTimeoutSeconds <= 0) return false;
     const std::time_t started = log::parseRfc3339(recovery_->startTime);
@@ -489,11 +527,7 @@ class Planner {
       if (spec_->stragglerPolicy.action == "Replace" && phase_ == "Running" && !recovery_)
         for (const auto& s : t.stragglers)
           for (const auto* p : current())
-            if (p->rank == s.value("rank", -1) && !p->deleting) {
-              plan_.podsToDelete.push_back(p->name);
-              plan_.replacedRanks.emplace_back(p->rank, p->node.empty() ? s.value("node", "") : p->node);
-              event("Warning", "ReplacingStraggler", "deleting straggler " + p->name + " to recreate it away from node " + p->node);
-            }
+            if (p->rank == s.value("rank", -1) && !p->deleting) replaceStraggler(*p, s.value("node", ""));
     } else if (conditionTrue(st_, "StragglerDetected")) {
       cond("StragglerDetected", "False", "NoStragglers", "no worker over the straggler threshold");
     }

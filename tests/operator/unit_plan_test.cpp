@@ -285,6 +285,18 @@ TEST(Plan, StragglersAndReplace) {
   EXPECT_EQ(r.status.value("restarts", 0), 0);
   EXPECT_EQ(condStatus(r.status, "Recovering"), "True");
   EXPECT_EQ(r.status["recovery"]["ranks"], json::array({1}));
+  // While the killed straggler is still visible (Running, being deleted) the recovery is
+  // not over, and its rank is recreated as a replacement once it is gone.
+  PlanInput during = input({{"stragglerPolicy", {{"action", "Replace"}}}}, r.status);
+  during.pods = in.pods;
+  during.pods[1].deleting = true;
+  Plan d = planReconcile(during);
+  EXPECT_EQ(condStatus(d.status, "Recovering"), "True");
+  PlanInput gone = input({{"stragglerPolicy", {{"action", "Replace"}}}}, d.status);
+  gone.pods = {in.pods[0]};
+  Plan g = planReconcile(gone);
+  EXPECT_EQ(g.ranksToCreate, std::vector<int>{1});
+  EXPECT_EQ(g.joiningRanks, std::vector<int>{1});
 
   // Rank 0 hosts the rendezvous store, and GangRestart opts out: deleted with its grace
   // period, no recovery record (its peers fail and the gang restarts).

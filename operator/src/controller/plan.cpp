@@ -490,7 +490,13 @@ class Planner {
       if (conditionTrue(st_, "Hung")) cond("Hung", "False", "Recovered", "gang restarted");
       event("Normal", "Running", "all " + std::to_string(spec_->worldSize()) + " workers are running");
     }
-    if (allUp && recovery_) {
+    // A recovery is over when every rank runs a pod that is not an incarnation it replaces
+    // (a killed straggler may still be visible, Running, while it is being deleted).
+    bool replacementsUp = allUp;
+    if (recovery_)
+      for (const auto* p : current())
+        if (p->deleting || recovery_->replaces(*p)) replacementsUp = false;
+    if (replacementsUp && recovery_) {
       const std::time_t started = log::parseRfc3339(recovery_->startTime);
       const std::string what = "rank(s) " + recovery_->rankList() + " replaced in place; all " +
                                std::to_string(spec_->worldSize()) + " workers running again after " +

@@ -82,7 +82,7 @@ const char* groupName(Group g) {
 c10::intrusive_ptr<c10d::Store> connectStore(const MeshSpec& spec) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(spec.masterPort);
-  opts.isServer = spec.rank == 0 && !spec.join;
+  opts.isServer = spec.rank == 0;  // also rank 0's replacement: the old store died with it
   opts.numWorkers = spec.world;
   opts.waitWorkers = false;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeoutSeconds * 1000));

@@ -53,7 +53,7 @@ struct Options {
       "  --master-port P   rendezvous port (default: a free port)\n"
       "  --metrics-port P  serve worker r's /metrics on port P+r (default: off)\n"
       "  --log-dir DIR     also write each worker's full output to DIR/rank-R.log\n"
-      "  --max-recoveries K  replace a dead worker (rank > 0) at most K times; the\n"
+      "  --max-recoveries K  replace a dead worker at most K times; the\n"
       "                    others recover in place (default 3; 0: stop everyone)\n"
       "  --quiet           no progress lines, only the summary\n";
   std::exit(code);
@@ -403,10 +403,8 @@ int main(int argc, char** argv) {
         w.exited = true;
         w.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         // A crashed or killed worker (not exit 2: bad input; not 75: its peers could not
-        // recover; not 143: stopped) is replaced while the others wait for it. Rank 0
-        // hosts the rendezvous store, so its loss ends the run.
-        const bool replaceable = w.code != 0 && w.code != 2 && w.code != 75 && w.code != 143 &&
-                                 w.code != 127 && w.rank != 0;
+        // recover; not 143: stopped) is replaced while the others wait for it.
+        const bool replaceable = w.code != 0 && w.code != 2 && w.code != 75 && w.code != 143 && w.code != 127;
         if (replaceable && !stopping && recoveries < o.maxRecoveries) {
           ++recoveries;
           std::cerr << "edit-run: worker " << w.rank << " exited with code " << w.code

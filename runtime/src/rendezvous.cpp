@@ -20,9 +20,14 @@ int64_t parse(const std::vector<uint8_t>& v) {
 }  // namespace
 
 Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(spec)) {
-  if (spec.rank == 0 && !spec.join) {
+  if (spec.rank != 0) return;
+  if (!spec.join) {
     store_->set(key("generation"), bytes("0"));
     store_->set(key("0/formed"), bytes("1"));
+  } else {
+    // The store died with the old rank 0; this one is fresh. Generation 1 is open: the
+    // survivors reconnect to it (same address) and meet here.
+    store_->set(key("generation"), bytes("1"));
   }
 }
 
@@ -53,9 +58,20 @@ void Rendezvous::arrive(int64_t gen, double deadline, const std::atomic<bool>& c
 void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) {
   const double deadline = nowSeconds() + timeoutSeconds;
   const std::string cur = std::to_string(generation_), next = std::to_string(generation_ + 1);
+  int64_t gen = -1;
   try {
     // Whoever comes first moves the counter; the rest read the value it moved to.
-    const int64_t gen = parse(store_->compareSet(key("generation"), bytes(cur), bytes(next)));
+    gen = parse(store_->compareSet(key("generation"), bytes(cur), bytes(next)));
+  } catch (const PeerLost&) {
+    throw;
+  } catch (const std::exception&) {
+    // The store is gone: rank 0 died. Its replacement hosts a fresh store at the same
+    // address (MASTER_ADDR names rank 0's pod, not its IP); meet it there.
+    reconnect(deadline, cancel);
+    waitForOpenGeneration(deadline, cancel);
+    return;
+  }
+  try {
     arrive(gen, deadline, cancel);
   } catch (const PeerLost&) {
     throw;
@@ -64,8 +80,32 @@ void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) 
   }
 }
 
+void Rendezvous::reconnect(double deadline, const std::atomic<bool>& cancel) {
+  MeshSpec client = spec_;
+  client.join = true;  // never host: only rank 0's replacement does
+  client.rank = std::max(1, spec_.rank);
+  client.timeoutSeconds = 5;
+  std::string last;
+  while (nowSeconds() < deadline) {
+    checkCancel(cancel);
+    try {
+      store_ = connectStore(client);
+      store_->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(spec_.timeoutSeconds * 1000)));
+      return;
+    } catch (const std::exception& e) {
+      last = e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  throw PeerLost("rendezvous: rank 0's store did not come back within runtime.rendezvousTimeoutSeconds (" +
+                 last + ")");
+}
+
 void Rendezvous::join(double timeoutSeconds, const std::atomic<bool>& cancel) {
-  const double deadline = nowSeconds() + timeoutSeconds;
+  waitForOpenGeneration(nowSeconds() + timeoutSeconds, cancel);
+}
+
+void Rendezvous::waitForOpenGeneration(double deadline, const std::atomic<bool>& cancel) {
   try {
     for (;;) {
       if (store_->check({key("generation")})) {

@@ -5,11 +5,13 @@
 // others see g+1) and waits there; a replacement (EDIT_JOIN=1) waits until the counter
 // names a generation that is still forming and joins it. A generation is formed when all
 // WORLD_SIZE ranks arrived; then each builds its process groups under the generation's
-// prefix. Rank 0 hosts the store, so losing rank 0 cannot be recovered in place.
+// prefix. Rank 0 hosts the store: when rank 0 dies, its replacement hosts a fresh store at
+// the same address with generation 1 open, and the survivors reconnect to it.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -37,6 +39,10 @@ class Rendezvous {
  private:
   std::string key(const std::string& k) const { return spec_.storePrefix + "rdzv/" + k; }
   void arrive(int64_t gen, double deadline, const std::atomic<bool>& cancel);
+  // Waits until the counter names a generation still forming, then arrives in it.
+  void waitForOpenGeneration(double deadline, const std::atomic<bool>& cancel);
+  // A new client connection to MASTER_ADDR:MASTER_PORT (after rank 0's store died).
+  void reconnect(double deadline, const std::atomic<bool>& cancel);
   static void checkCancel(const std::atomic<bool>& cancel);
 
   MeshSpec spec_;

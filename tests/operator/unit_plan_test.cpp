@@ -298,9 +298,10 @@ TEST(Plan, StragglersAndReplace) {
   EXPECT_EQ(g.ranksToCreate, std::vector<int>{1});
   EXPECT_EQ(g.joiningRanks, std::vector<int>{1});
 
-  // Rank 0 hosts the rendezvous store, and GangRestart opts out: deleted with its grace
-  // period, no recovery record (its peers fail and the gang restarts).
-  for (const auto& [which, spec] : {std::pair<int, json>{0, {{"stragglerPolicy", {{"action", "Replace"}}}}},
+  // GangRestart and ddp opt out: deleted with its grace period, no recovery record (its
+  // peers fail and the gang restarts).
+  for (const auto& [which, spec] : {std::pair<int, json>{1, {{"stragglerPolicy", {{"action", "Replace"}}},
+                                                             {"algorithm", {{"mode", "ddp"}}}}},
                                     std::pair<int, json>{1, {{"stragglerPolicy", {{"action", "Replace"}}},
                                                              {"runPolicy", {{"replicaRecovery", "GangRestart"}}}}}}) {
     PlanInput g = input(spec, p.status);
@@ -508,13 +509,16 @@ TEST(Recovery, SecondRankFailingJoinsTheRecoveryInProgress) {
   EXPECT_EQ(l.status["replicaRecoveries"], 1);
 }
 
-TEST(Recovery, Rank0NeedsAGangRestart) {
+TEST(Recovery, Rank0IsReplacedInPlaceToo) {
+  // Rank 0 hosted the rendezvous store; its replacement hosts a fresh one at the same
+  // address and the survivors reconnect (runtime/src/rendezvous.h).
   PlanInput in = input({}, kRunning);
   in.pods = {pod(0, "Failed", 0, 137), pod(1, "Running")};
   Plan p = planReconcile(in);
-  expectGangRestart(p);
-  EXPECT_NE(findCondition(p.status, "Restarting")->value("message", "").find("rank 0 hosts the rendezvous"),
-            std::string::npos);
+  EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-0"});
+  EXPECT_EQ(p.recoveredRanks, std::vector<int>{0});
+  EXPECT_EQ(p.status.value("restarts", 0), 0);
+  EXPECT_EQ(p.status.value("replicaRecoveries", 0), 1);
 }
 
 TEST(Recovery, Exit75NeedsAGangRestart) {

@@ -54,7 +54,6 @@ std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& p
   // Before every pod ran the gang had not formed: there is no running job to join.
   if (phase != "Running") return "the gang was not running yet";
   for (const auto* p : failed) {
-    if (p->rank == 0) return "rank 0 hosts the rendezvous store";
     if (p->exitCode == kExitPeerLost) return p->name + " could not wait for a replacement (exit 75)";
     if (p->exitCode == kExitStopped) return p->name + " was stopped (exit 143: the gang checkpointed and stops)";
     if (active && active->isReplacement(*p)) return "the replacement pod " + p->name + " failed while joining";

@@ -3,11 +3,11 @@
 A worker kills itself (SIGKILL, debug.killAtStep) in a local phase; edit-run starts a
 replacement with EDIT_JOIN=1; the survivors re-form the process groups with it and every
 replica continues from the last sync round, without reading a checkpoint. Checked like a
-user would: the run exits 0, no rank resumed from disk, at most one sync interval was
-redone, the replicas end bit-identical, and the final loss is within noise of an
-undisturbed run with the same seed. Where in-place recovery cannot work (rank 0 hosts the
-rendezvous store; the synchronous warmup has no outer state; runtime.recovery=exit) the
-run fails with exit 75 so a launcher restarts the gang from a checkpoint.
+user would, for rank 0 (the rendezvous store's host) too: the run exits 0, no rank resumed
+from disk, at most one sync interval was redone, the replicas end bit-identical, and the
+final loss is within noise of an undisturbed run with the same seed. Where in-place
+recovery cannot work (the synchronous warmup has no outer state; runtime.recovery=exit;
+no replacement comes) the run fails so a launcher restarts the gang from a checkpoint.
 """
 import glob
 import math
@@ -31,12 +31,12 @@ class Recovery(unittest.TestCase):
     tearDown = base.EditRun.tearDown
     base_sets = base.EditRun.base_sets  # the tiny model and schedule of the mode tests
 
-    def launch(self, tag, shards, sets):
+    def launch(self, tag, shards, sets, args=()):
         logs = os.path.join(self.d, "logs-" + tag)
         sets = self.base_sets() + [f"checkpoint.dir={self.d}/ck-{tag}", "checkpoint.keep=100",
                                    "runtime.collectiveTimeoutSeconds=60",
                                    "runtime.rendezvousTimeoutSeconds=120"] + sets
-        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", str(shards), "--log-dir", logs]
+        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", str(shards), "--log-dir", logs] + list(args)
                            + sum((["--set", s] for s in sets), []),
                            capture_output=True, text=True, timeout=600)
         return p, logs
@@ -104,18 +104,26 @@ class Recovery(unittest.TestCase):
         # Time-based rounds: replicas reach a round at different steps.
         self.recover("a-edit", 1, 3, ["algorithm.syncSeconds=0.3", "algorithm.maxStepsPerSync=4"])
 
-    def expect_gang_restart(self, sets, why, code=75):
-        p, logs = self.launch("fails", 2, ["algorithm.mode=edit"] + sets)
+    def test_edit_M2_N2_rank0_lost(self):
+        # Rank 0 hosted the rendezvous store: its replacement hosts a fresh one at the same
+        # address and the survivors reconnect to it.
+        self.recover("edit", 2, 0)
+        with open(os.path.join(self.logs, "rank-1.log")) as f:
+            self.assertIn("recovered in place (generation 1", f.read())
+
+    def expect_gang_restart(self, sets, why, code=75, args=()):
+        p, logs = self.launch("fails", 2, ["algorithm.mode=edit"] + sets, args)
         self.assertEqual(p.returncode, code, p.stdout[-2000:] + p.stderr[-2000:])
         self.assertIn(why, p.stderr)
         return p
 
-    def test_rank0_lost_needs_gang_restart(self):
-        # edit-run does not replace rank 0 and reports its exit code; the others give up at
-        # once instead of waiting for a replacement that cannot come.
-        p = self.expect_gang_restart(["debug.killAtStep.rank=0", f"debug.killAtStep.step={KILL_AT}"],
-                                     "worker 0 exited with code 137; stopping the other workers", code=137)
-        self.assertIn("store (hosted by rank 0) is unreachable", p.stderr)
+    def test_no_replacement_stops_the_survivors(self):
+        # With no replacement coming (--max-recoveries 0) edit-run stops the others; the
+        # survivors waiting in the rendezvous leave at once on its SIGTERM.
+        p = self.expect_gang_restart(["debug.killAtStep.rank=2", f"debug.killAtStep.step={KILL_AT}"],
+                                     "worker 2 exited with code 137; stopping the other workers", code=137,
+                                     args=["--max-recoveries", "0"])
+        self.assertIn("stopped by SIGTERM while waiting for peers", p.stderr)
 
     def test_warmup_has_no_outer_state(self):
         self.expect_gang_restart(["debug.killAtStep.rank=2", "debug.killAtStep.step=3"],

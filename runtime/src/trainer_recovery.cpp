@@ -50,11 +50,14 @@ void Trainer::endRound(int64_t t) {
 }
 
 bool Trainer::recoverInPlace(const PeerLost& e, TrainResult& result) {
-  if (cfg_.runtime.recovery != "inPlace" || !isLocalMode() || !outerReady_) {
-    log(std::string("peer lost: ") + e.what() +
-        (cfg_.runtime.recovery != "inPlace" ? " (runtime.recovery=exit)"
-                                            : " (no outer state yet: synchronous phase)") +
-        "; exiting for a gang restart");
+  // NCCL: tearing down a communicator with work in flight needs ncclCommAbort, which this
+  // LibTorch's ProcessGroupNCCL does not expose; the GPU path has not run yet either.
+  const char* why = cfg_.runtime.recovery != "inPlace" ? " (runtime.recovery=exit)"
+                    : !isLocalMode() || !outerReady_   ? " (no outer state yet: synchronous phase)"
+                    : mesh_.backend == "nccl"          ? " (not supported with NCCL yet)"
+                                                       : nullptr;
+  if (why) {
+    log(std::string("peer lost: ") + e.what() + why + "; exiting for a gang restart");
     return false;
   }
   const double t0 = nowSeconds();

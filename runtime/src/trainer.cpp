@@ -202,6 +202,7 @@ void Trainer::syncWholeModel(StepOutcome& out) {
   for (size_t u = 0; u < units_.size(); ++u)
     fs.push_back(stream_->enqueue([this, u, &res] {
       res[u] = syncUnit(*comm_, units_[u], outer_[u], detectors_[u], sync_, stepsSinceSync_);
+      ++roundUnitsSynced_;
     }));
   for (auto& f : fs) stream_->wait(f, Group::Sync, "sync");
   out.syncWork += nowSeconds() - t0;
@@ -235,6 +236,7 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
       if (layerwise) {
         const double t0 = nowSeconds();
         res[u] = syncUnit(*comm_, units_[u], outer_[u], detectors_[u], sync_, stepsSinceSync_);
+        ++roundUnitsSynced_;
         syncWork[u] = nowSeconds() - t0;
       }
       if (N > 1) {
@@ -403,7 +405,7 @@ TrainResult Trainer::run() {
                  t % cfg_.checkpoint.everySteps == 0 && t != lastCheckpointId_) {
         saveCheckpoint(t);
       }
-      if (sync) beginRound();
+      if (sync) beginRound(t);
       if (finalRound) {
         // A-EDiT's budget is spent: end on this synchronization, with no local step after it.
         StepOutcome out;

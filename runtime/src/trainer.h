@@ -106,7 +106,7 @@ class Trainer {
     std::vector<OuterUnit> outer;
     std::vector<EwmaDetector> detectors;
   };
-  void beginRound();
+  void beginRound(int64_t t);
   void endRound(int64_t t);
   bool recoverInPlace(const PeerLost& e, TrainResult& result);
   void restoreFromPeers(bool joiner, TrainResult* result);
@@ -142,6 +142,8 @@ class Trainer {
   std::unique_ptr<Rendezvous> rendezvous_;
   RoundSnapshot snap_;           // outer state when the current/last round began
   bool inRound_ = false;         // a sync round is mutating outer_ right now
+  std::atomic<size_t> roundUnitsSynced_{0};  // units whose outer update of this round is done
+  int64_t roundBeginStep_ = 0;   // step of the round in progress
   int64_t roundStep_ = 0;        // step at which outer_ (after syncRounds_ rounds) was set
   int64_t skipSyncAt_ = -1;      // the round at this step was already done before a rollback
 };

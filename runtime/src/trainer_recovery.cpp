@@ -24,8 +24,10 @@ void Trainer::killIfAsked(int64_t t) {
   ::kill(::getpid(), SIGKILL);
 }
 
-void Trainer::beginRound() {
+void Trainer::beginRound(int64_t t) {
   inRound_ = true;
+  roundUnitsSynced_ = 0;
+  roundBeginStep_ = t;
   // The snapshot costs one copy of the outer slice in the outer state's memory (host
   // memory with offloadOuterState): only kept when it can be used.
   if (!outerReady_ || cfg_.runtime.recovery != "inPlace") return;
@@ -91,9 +93,12 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   auto m = mine.accessor<double, 1>();
   m[kJoiner] = joiner ? 1 : 0;
   if (!joiner) {
-    if (outerReady_ && !inRound_) m[kCur] = static_cast<double>(syncRounds_);
+    // A round whose every unit was synchronized is complete here even if the step failed
+    // afterwards (in an all-gather or the backward): its outer state is final.
+    const bool roundDone = inRound_ && roundUnitsSynced_ == units_.size();
+    if (outerReady_ && (!inRound_ || roundDone)) m[kCur] = static_cast<double>(syncRounds_ + (roundDone ? 1 : 0));
     if (snap_.valid) m[kSnap] = static_cast<double>(snap_.round);
-    m[kCurStep] = static_cast<double>(roundStep_);
+    m[kCurStep] = static_cast<double>(roundDone ? roundBeginStep_ : roundStep_);
     m[kSnapStep] = static_cast<double>(snap_.step);
     m[kAdam] = static_cast<double>(adam_->stepCount());
     m[kCkpt] = static_cast<double>(lastCheckpointId_);

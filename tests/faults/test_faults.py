@@ -344,8 +344,10 @@ class Faults(unittest.TestCase):
         self.assertEqual(self.c.metric_value("edit_job_replica_recoveries_total", namespace=self.ns, job=self.name), 1)
         self.assertEqual(self.c.metric_value("edit_job_restarts_total", namespace=self.ns, job=self.name), 0)
         self.assertEqual(self.restarted_metric(), 0)
+        # Recovered once the replacement runs; Completed when the operator first saw the
+        # replacement only after every worker had finished (a short job, a busy machine).
         rec = [c for c in st.get("conditions", []) if c["type"] == "Recovering"]
-        self.assertTrue(rec and rec[0]["status"] == "False" and rec[0]["reason"] == "Recovered", st)
+        self.assertTrue(rec and rec[0]["status"] == "False" and rec[0]["reason"] in ("Recovered", "Completed"), st)
 
     def test_kill_worker_gang_restart(self):
         """The same kill with runPolicy.replicaRecovery GangRestart: one gang restart from

@@ -224,9 +224,11 @@ void summary(const std::vector<Worker>& ws, double wall) {
       continue;
     }
     const double secs = s["seconds"].get<double>();
-    std::printf("%-5d %-7d %-5d %7lld %9.4f %10s %6llu %9llu %9.1f%%\n", w.rank,
+    char loss[32] = "-";  // null: no step in this run
+    if (s["loss"].is_number()) std::snprintf(loss, sizeof(loss), "%.4f", num(s["loss"]));
+    std::printf("%-5d %-7d %-5d %7lld %9s %10s %6llu %9llu %9.1f%%\n", w.rank,
                 s["replica"].get<int>(), s["shard"].get<int>(),
-                static_cast<long long>(s["steps"].get<int64_t>()), num(s["loss"]),
+                static_cast<long long>(s["steps"].get<int64_t>()), loss,
                 human(s["tps"].get<double>()).c_str(),
                 static_cast<unsigned long long>(s["sync_rounds"].get<uint64_t>()),
                 static_cast<unsigned long long>(s["anomalies"].get<uint64_t>()),
@@ -249,6 +251,14 @@ void summary(const std::vector<Worker>& ws, double wall) {
     std::printf("\nrecovery: %d worker(s) replaced, %d in-place recovery(ies); survivors rolled back at most "
                 "%lld step(s) and spent at most %.1f s recovering\n",
                 replaced, recoveries, static_cast<long long>(rolledBack), recoverySecs);
+  bool alreadyDone = !ws.empty();
+  for (const auto& w : ws)
+    alreadyDone = alreadyDone && !w.summary.is_null() && w.summary["loss"].is_null() &&
+                  w.summary.value("resumed_from", int64_t{-1}) >= 0;
+  if (alreadyDone)
+    std::printf("\nnothing to train: resumed from the final checkpoint (step %lld); remove checkpoint.dir "
+                "or raise training.steps to train more\n",
+                static_cast<long long>(ws[0].summary.value("resumed_from", int64_t{0})));
   std::printf("\ntotal: %s tokens in %.1f s, %s tok/s", human(tokens).c_str(), wall, human(tps).c_str());
   if (val >= 0) std::printf(", validation loss %.4f", val);
   std::printf("\n");

@@ -156,9 +156,11 @@ int main(int argc, char** argv) {
       comm.push_back({{"op", k.first}, {"group", k.second}, {"bytes", c.bytes},
                       {"wait", c.waitSeconds}, {"calls", c.calls}});
     }
+    // No step in this run (resumed from the final checkpoint): no training loss to report.
+    const json loss = res.tokensThisRun > 0 ? json(res.finalLoss) : json(nullptr);
     json s = {{"rank", mesh.rank}, {"replica", replica}, {"shard", shard}, {"steps", res.steps},
-              {"loss", res.finalLoss}, {"val_loss", res.valLoss}, {"tokens", res.tokens},
-              {"seconds", res.seconds}, {"tps", res.tokens / std::max(1e-9, res.seconds)},
+              {"loss", loss}, {"val_loss", res.valLoss}, {"tokens", res.tokens},
+              {"seconds", res.seconds}, {"tps", res.tokensThisRun / std::max(1e-9, res.seconds)},
               {"sync_rounds", res.syncRounds}, {"anomalies", res.anomalies},
               {"comm_wait", wait}, {"resumed_from", res.resumedFrom},
               {"stopped", res.stopped}, {"joined", res.joined}, {"recoveries", res.recoveries},

@@ -365,6 +365,7 @@ TrainResult Trainer::run() {
     roundStep_ = step_ - stepsSinceSync_;
   }
   if (isLocalMode() && step_ >= cfg_.algorithm.warmupSteps && !outerReady_) initOuter();
+  const uint64_t tokensAtStart = tokens_;
   const auto& a = cfg_.algorithm;
   const bool aedit = a.mode == "a-edit";
   const int64_t budget = totalSteps_ * comm_->replicas();  // A-EDiT: replica-steps of the job
@@ -489,6 +490,7 @@ TrainResult Trainer::run() {
   result.steps = step_;
   result.finalLoss = lastLoss;
   result.tokens = tokens_;
+  result.tokensThisRun = tokens_ - tokensAtStart;
   result.seconds = nowSeconds() - start;
   result.syncRounds = syncRounds_;
   result.anomalies = anomalies_;

@@ -39,7 +39,8 @@ struct TrainResult {
   bool stopped = false;      // stopped early on request (checkpoint saved)
   double finalLoss = 0;      // training loss of the last step
   double valLoss = -1;       // world-mean validation loss at the end (-1: no val data)
-  uint64_t tokens = 0;       // tokens of this rank
+  uint64_t tokens = 0;       // tokens of this rank (including those before a resume)
+  uint64_t tokensThisRun = 0;  // tokens this process trained
   double seconds = 0;
   uint64_t syncRounds = 0, anomalies = 0;
   int64_t resumedFrom = -1;  // checkpoint step resumed from (-1: fresh start)

@@ -55,7 +55,9 @@ MeshSpec MeshSpec::fromEnvironment() {
   const char* bind = std::getenv("EDIT_BIND_ADDR");
   if (!bind || !*bind) bind = std::getenv("POD_IP");
   m.bindAddr = bind ? bind : "";
-  m.storePrefix = "gen" + env("EDIT_RESTART_GENERATION", "0") + "/";
+  m.restartGeneration = envInt("EDIT_RESTART_GENERATION", "0");
+  if (m.restartGeneration < 0) throw std::runtime_error("EDIT_RESTART_GENERATION must be >= 0");
+  m.storePrefix = "gen" + std::to_string(m.restartGeneration) + "/";
   const std::string join = env("EDIT_JOIN", "0");
   if (join != "0" && join != "1") throw std::runtime_error("EDIT_JOIN must be 0 or 1 (got \"" + join + "\")");
   m.join = join == "1";

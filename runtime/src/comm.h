@@ -35,6 +35,7 @@ struct MeshSpec {
   int masterPort = 29500;
   std::string bindAddr;          // interface address for Gloo ("" = resolve hostname)
   double timeoutSeconds = 300;
+  int restartGeneration = 0;     // EDIT_RESTART_GENERATION: bumped by each gang restart
   std::string storePrefix;       // distinguishes gang-restart generations
   bool join = false;             // EDIT_JOIN=1: a replacement joining a running job
   std::string backend = "gloo";  // gloo | nccl (nccl only in EDIT_WITH_CUDA builds)

@@ -107,8 +107,9 @@ int main(int argc, char** argv) {
     }
     if (!cfg.telemetry.addr.empty())
       telemetry = std::make_unique<TelemetryClient>(
-          cfg.telemetry.addr, cfg.telemetry.token, envOr("EDIT_NAMESPACE", "default"), job,
-          envOr("POD_NAME", envOr("HOSTNAME", "local")), envOr("NODE_NAME", ""),
+          cfg.telemetry.addr, cfg.telemetry.token,
+          TelemetryIdentity{envOr("EDIT_NAMESPACE", "default"), job, envOr("POD_NAME", envOr("HOSTNAME", "local")),
+                            envOr("POD_UID", ""), envOr("NODE_NAME", ""), mesh.restartGeneration},
           TelemetryTls{cfg.telemetry.tlsCaFile, cfg.telemetry.tlsServerName});
   } catch (const std::exception& e) {
     std::cerr << tag << "cannot start metrics/telemetry: " << e.what() << "\n";

@@ -175,7 +175,7 @@ struct TelemetryClient::Impl {
   std::string addr;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string serverNameOverride;  // empty: the address's host
-  pb::WorkerReport identity;  // namespace, job, token, pod, node
+  pb::WorkerReport identity;  // namespace, job, token, pod, pod uid, node, restart generation
 
   std::mutex mu;
   std::condition_variable cv;
@@ -296,9 +296,7 @@ std::string readCaBundle(const std::string& path) {
 }  // namespace
 
 TelemetryClient::TelemetryClient(const std::string& addr, const std::string& token,
-                                 const std::string& ns, const std::string& job,
-                                 const std::string& pod, const std::string& node,
-                                 const TelemetryTls& tls)
+                                 const TelemetryIdentity& who, const TelemetryTls& tls)
     : impl_(std::make_unique<Impl>()) {
   if (!tls.serverName.empty() && tls.caFile.empty())
     throw std::runtime_error("telemetry.tlsServerName: needs telemetry.tlsCaFile (TLS is on only with a CA bundle)");
@@ -311,11 +309,13 @@ TelemetryClient::TelemetryClient(const std::string& addr, const std::string& tok
     impl_->serverNameOverride = tls.serverName;
   }
   impl_->addr = addr;
-  impl_->identity.set_namespace_(ns);
-  impl_->identity.set_job(job);
+  impl_->identity.set_namespace_(who.ns);
+  impl_->identity.set_job(who.job);
   impl_->identity.set_token(token);
-  impl_->identity.set_pod(pod);
-  impl_->identity.set_node(node);
+  impl_->identity.set_pod(who.pod);
+  impl_->identity.set_pod_uid(who.podUid);
+  impl_->identity.set_node(who.node);
+  impl_->identity.set_restart_generation(who.restartGeneration);
   impl_->worker = std::thread([this] { impl_->run(); });
 }
 

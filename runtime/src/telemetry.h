@@ -46,10 +46,19 @@ struct TelemetryTls {
 // counters are cumulative). The token is never logged. With tls.caFile the stream is TLS
 // and never falls back to plaintext; an unreadable CA file throws std::runtime_error
 // naming telemetry.tlsCaFile (at construction, i.e. at worker startup).
+// Who is reporting: sent with every report.
+struct TelemetryIdentity {
+  std::string ns;
+  std::string job;
+  std::string pod;
+  std::string podUid;  // empty outside Kubernetes; tells a replacement from its predecessor
+  std::string node;
+  int restartGeneration = 0;  // EDIT_RESTART_GENERATION: the operator drops reports of older gangs
+};
+
 class TelemetryClient {
  public:
-  TelemetryClient(const std::string& addr, const std::string& token, const std::string& ns,
-                  const std::string& job, const std::string& pod, const std::string& node,
+  TelemetryClient(const std::string& addr, const std::string& token, const TelemetryIdentity& who,
                   const TelemetryTls& tls = {});
   ~TelemetryClient();
   void send(const StepReport& r);

@@ -344,10 +344,14 @@ class Faults(unittest.TestCase):
         self.assertEqual(self.c.metric_value("edit_job_replica_recoveries_total", namespace=self.ns, job=self.name), 1)
         self.assertEqual(self.c.metric_value("edit_job_restarts_total", namespace=self.ns, job=self.name), 0)
         self.assertEqual(self.restarted_metric(), 0)
-        # Recovered once the replacement runs; Completed when the operator first saw the
-        # replacement only after every worker had finished (a short job, a busy machine).
+        # Recovered once the replacement reported a training step (it joined and took its
+        # state from its peers); Completed when the operator first saw that only after every
+        # worker had finished (a short job, a busy machine).
         rec = [c for c in st.get("conditions", []) if c["type"] == "Recovering"]
         self.assertTrue(rec and rec[0]["status"] == "False" and rec[0]["reason"] in ("Recovered", "Completed"), st)
+        if rec[0]["reason"] == "Recovered":
+            self.assertIn("reported", rec[0]["message"], rec[0])
+            self.assertEqual(self.c.metric_value("edit_operator_replica_recovery_seconds_count"), 1)
 
     def test_kill_worker_gang_restart(self):
         """The same kill with runPolicy.replicaRecovery GangRestart: one gang restart from
@@ -361,6 +365,11 @@ class Faults(unittest.TestCase):
         self.assertEqual(self.c.metric_value("edit_job_restarts_total", namespace=self.ns, job=self.name), 1)
         self.assertGreaterEqual(self.resumed_from(1), 16)
         self.assertTrue(any(c["type"] == "Restarting" for c in st.get("conditions", [])), st)
+        # The new gang's telemetry counts (its reports carry the new restart generation):
+        # the job's step gauge went on past the furthest step of the killed gang.
+        old_gang = max(row["step"] for runs in self.incarnations()[0].values() for rows in runs for row in rows)
+        step = self.c.metric_value("edit_job_step", namespace=self.ns, job=self.name)
+        self.assertGreater(step or 0, old_gang, "edit_job_step after the gang restart")
 
     def test_kill_rank0(self):
         """Rank 0 hosted the rendezvous store: its replacement (a new pod IP behind the same

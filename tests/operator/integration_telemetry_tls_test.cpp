@@ -238,7 +238,7 @@ bool eventually(F f, std::chrono::milliseconds timeout) {
 }
 
 TEST_F(TelemetryTls, WorkerClientWithRightCaDeliversReportsAndGetsCommands) {
-  edit::TelemetryClient client(addr_, kToken, "default", "tls-job", "tls-job-worker-0", "node-0",
+  edit::TelemetryClient client(addr_, kToken, edit::TelemetryIdentity{"default", "tls-job", "tls-job-worker-0", "", "node-0"},
                                edit::TelemetryTls{pki_.path("ca.crt"), ""});
   client.send(stepReport(1));
   ASSERT_TRUE(eventually([&] { return hasReports(); }, 10000ms)) << "no report over TLS";
@@ -252,7 +252,7 @@ TEST_F(TelemetryTls, WorkerClientWithRightCaDeliversReportsAndGetsCommands) {
 TEST_F(TelemetryTls, WorkerClientChecksTheOverriddenServerName) {
   // "localhost" is in the certificate although the address is an IP.
   {
-    edit::TelemetryClient client(addr_, kToken, "default", "tls-job", "p", "n",
+    edit::TelemetryClient client(addr_, kToken, edit::TelemetryIdentity{"default", "tls-job", "p", "", "n"},
                                  edit::TelemetryTls{pki_.path("ca.crt"), "localhost"});
     client.send(stepReport(1));
     ASSERT_TRUE(eventually([&] { return hasReports(); }, 10000ms));
@@ -260,7 +260,7 @@ TEST_F(TelemetryTls, WorkerClientChecksTheOverriddenServerName) {
   hub_.forgetJob("default", "tls-job");
   hub_.registerJob("default", "tls-job", kToken, {}, 0);
   // A name the certificate does not carry: the handshake fails.
-  edit::TelemetryClient client(addr_, kToken, "default", "tls-job", "p", "n",
+  edit::TelemetryClient client(addr_, kToken, edit::TelemetryIdentity{"default", "tls-job", "p", "", "n"},
                                edit::TelemetryTls{pki_.path("ca.crt"), "operator.example.invalid"});
   client.send(stepReport(1));
   std::this_thread::sleep_for(1500ms);
@@ -269,7 +269,7 @@ TEST_F(TelemetryTls, WorkerClientChecksTheOverriddenServerName) {
 }
 
 TEST_F(TelemetryTls, WorkerClientWithWrongCaNeverDelivers) {
-  edit::TelemetryClient client(addr_, kToken, "default", "tls-job", "p", "n",
+  edit::TelemetryClient client(addr_, kToken, edit::TelemetryIdentity{"default", "tls-job", "p", "", "n"},
                                edit::TelemetryTls{pki_.path("other-ca.crt"), ""});
   client.send(stepReport(1));
   std::this_thread::sleep_for(1500ms);
@@ -278,7 +278,7 @@ TEST_F(TelemetryTls, WorkerClientWithWrongCaNeverDelivers) {
 }
 
 TEST_F(TelemetryTls, PlaintextWorkerClientNeverDelivers) {
-  edit::TelemetryClient client(addr_, kToken, "default", "tls-job", "p", "n");
+  edit::TelemetryClient client(addr_, kToken, edit::TelemetryIdentity{"default", "tls-job", "p", "", "n"});
   client.send(stepReport(1));
   std::this_thread::sleep_for(1500ms);
   EXPECT_FALSE(client.connected());
@@ -288,7 +288,7 @@ TEST_F(TelemetryTls, PlaintextWorkerClientNeverDelivers) {
 TEST_F(TelemetryTls, WorkerClientRefusesAMissingOrBadCaFile) {
   auto message = [&](const std::string& caFile, const std::string& serverName) {
     try {
-      edit::TelemetryClient c(addr_, kToken, "default", "tls-job", "p", "n", edit::TelemetryTls{caFile, serverName});
+      edit::TelemetryClient c(addr_, kToken, edit::TelemetryIdentity{"default", "tls-job", "p", "", "n"}, edit::TelemetryTls{caFile, serverName});
     } catch (const std::runtime_error& e) {
       return std::string(e.what());
     }

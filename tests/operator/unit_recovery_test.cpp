@@ -93,7 +93,8 @@ TEST(Recovery, KilledNonZeroRankIsReplacedInPlace) {
   EXPECT_TRUE(w.status.contains("recovery"));
   EXPECT_TRUE(w.ranksToCreate.empty());
 
-  // All running again: the record goes, Recovering turns False, the time it took is told.
+  // All running again (no telemetry: Running is the only sign): the record goes,
+  // Recovering turns False, the time it took is told.
   PlanInput up = input({}, w.status);
   up.now = kNow + 12;
   up.pods = {pod(0, "Running"), pod(1, "Running")};
@@ -106,7 +107,8 @@ TEST(Recovery, KilledNonZeroRankIsReplacedInPlace) {
   EXPECT_EQ(r.status["restarts"], 0);
   ASSERT_TRUE(hasEvent(r, "Normal", "ReplicaRecovered"));
   for (const auto& e : r.events)
-    if (e.reason == "ReplicaRecovered") EXPECT_NE(e.message.find("after 12 s"), std::string::npos) << e.message;
+    if (e.reason == "ReplicaRecovered") EXPECT_NE(e.message.find("12 s after the failure"), std::string::npos) << e.message;
+  EXPECT_EQ(r.recoverySeconds, 12);
   // ... and a further pass is quiet.
   PlanInput after = input({}, r.status);
   after.now = kNow + 13;
@@ -114,6 +116,60 @@ TEST(Recovery, KilledNonZeroRankIsReplacedInPlace) {
   Plan q = planReconcile(after);
   EXPECT_TRUE(q.events.empty());
   EXPECT_TRUE(q.joiningRanks.empty());
+}
+
+// With telemetry, a Running replacement has not rejoined yet: the recovery ends with the
+// first report sent by the replacement pod itself (same pod name, new UID).
+TEST(Recovery, EndsWhenTheReplacementReportsATrainingStep) {
+  json recovering = kRunning;
+  recovering["replicaRecoveries"] = 1;
+  recovering["recovery"] = {{"ranks", {1}}, {"startTime", log::rfc3339(kNow)}, {"failedPodUIDs", {"uid-1-0"}}};
+  recovering["conditions"] = json::array();
+  setCondition(recovering, "Recovering", "True", "ReplicaFailed", "j-worker-1 failed", log::rfc3339(kNow), 1);
+  PlanInput in = input({}, recovering);
+  in.now = kNow + 9;
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  in.pods[1].uid = "uid-1-new";
+  in.telemetry.present = true;
+  in.telemetry.ranks[0] = {"uid-0-0", 48};
+  in.telemetry.ranks[1] = {"uid-1-0", 44};  // the newest report of rank 1 is still the dead pod's
+  Plan w = planReconcile(in);
+  EXPECT_TRUE(w.status.contains("recovery"));
+  EXPECT_EQ(condStatus(w.status, "Recovering"), "True");
+  EXPECT_NE(w.status.value("message", "").find("waiting for their first training step"), std::string::npos)
+      << w.status.dump();
+  EXPECT_FALSE(w.recoverySeconds);
+  EXPECT_FALSE(hasEvent(w, "Normal", "ReplicaRecovered"));
+
+  // The replacement reports: recovered, with the step and the time from the failure.
+  PlanInput joined = input({}, w.status);
+  joined.now = kNow + 21;
+  joined.pods = in.pods;
+  joined.telemetry = in.telemetry;
+  joined.telemetry.ranks[1] = {"uid-1-new", 41};
+  Plan r = planReconcile(joined);
+  EXPECT_FALSE(r.status.contains("recovery"));
+  EXPECT_EQ(condReason(r.status, "Recovering"), "Recovered");
+  EXPECT_EQ(r.recoverySeconds, 21);
+  ASSERT_TRUE(hasEvent(r, "Normal", "ReplicaRecovered"));
+  for (const auto& e : r.events)
+    if (e.reason == "ReplicaRecovered") {
+      EXPECT_NE(e.message.find("step 41 reported"), std::string::npos) << e.message;
+      EXPECT_NE(e.message.find("21 s after the failure"), std::string::npos) << e.message;
+    }
+
+  // Workers that do not send their pod UID: Running is all there is to go on.
+  PlanInput old = input({}, w.status);
+  old.pods = in.pods;
+  old.telemetry = in.telemetry;
+  old.telemetry.ranks[1] = {"", 44};
+  EXPECT_EQ(condReason(planReconcile(old).status, "Recovering"), "Recovered");
+  // No report of rank 1 at all yet: still waiting.
+  PlanInput none = input({}, w.status);
+  none.pods = in.pods;
+  none.telemetry = in.telemetry;
+  none.telemetry.ranks.erase(1);
+  EXPECT_TRUE(planReconcile(none).status.contains("recovery"));
 }
 
 TEST(Recovery, FailureWithoutExitCodeIsReplacedInPlace) {

@@ -173,13 +173,50 @@ TEST(Hub, DeliversCommandsAndFeedsMetrics) {
   EXPECT_EQ(text.find("job=\"j\""), std::string::npos) << text;
 }
 
+// After a gang restart the hub counts only the new gang's reports; each rank's newest
+// report says which pod sent it (how the controller sees that a replacement rejoined).
+TEST(Hub, CountsOnlyTheCurrentGenerationAndKeepsThePodUid) {
+  TelemetryHub hub(nullptr);
+  hub.registerJob("ns", "j", "t", {}, 0);
+  auto report = [&](int gen, int64_t step, const std::string& uid) {
+    edit::v1alpha1::WorkerReport r;
+    r.set_namespace_("ns");
+    r.set_job("j");
+    r.set_token("t");
+    r.set_rank(1);
+    r.set_step(step);
+    r.set_pod_uid(uid);
+    r.set_restart_generation(gen);
+    std::vector<edit::v1alpha1::Command> cmds;
+    return hub.accept(r, &cmds);
+  };
+  ASSERT_TRUE(report(0, 30, "uid-a").ok());
+  hub.resetJob("ns", "j", 1);
+  ASSERT_TRUE(report(0, 31, "uid-a").ok());  // a leftover of the old gang: ignored, not an error
+  auto snap = hub.snapshot("ns", "j");
+  ASSERT_TRUE(snap);
+  EXPECT_FALSE(snap->hasReports);
+  ASSERT_TRUE(report(1, 5, "uid-b").ok());
+  snap = hub.snapshot("ns", "j");
+  ASSERT_TRUE(snap->hasReports);
+  EXPECT_EQ(snap->progress.step, 5);
+  ASSERT_EQ(snap->ranks.count(1), 1u);
+  EXPECT_EQ(snap->ranks.at(1).podUid, "uid-b");
+  EXPECT_EQ(snap->ranks.at(1).step, 5);
+  EXPECT_EQ(report(1, 6, std::string(200, 'u')).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST(Metrics, PhaseIsOneHotAndOperatorSeriesExist) {
   metrics::Metrics m;
   m.setJobPhase("ns", "j", "Running");
   m.setJobRestarts("ns", "j", 2);
   m.setJobRestarts("ns", "j", 2);
   m.reconcileDone("success", 0.01);
+  m.replicaRecovered(12);
   std::string text = scrape(m);
+  EXPECT_NE(text.find("edit_operator_replica_recovery_seconds_bucket{le=\"10\"} 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("edit_operator_replica_recovery_seconds_bucket{le=\"15\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("edit_operator_replica_recovery_seconds_sum 12"), std::string::npos) << text;
   EXPECT_NE(text.find("edit_job_phase{job=\"j\",namespace=\"ns\",phase=\"Running\"} 1"), std::string::npos);
   EXPECT_NE(text.find("edit_job_phase{job=\"j\",namespace=\"ns\",phase=\"Failed\"} 0"), std::string::npos);
   EXPECT_NE(text.find("edit_job_restarts_total{job=\"j\",namespace=\"ns\"} 2"), std::string::npos);

@@ -188,6 +188,7 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
       {{"name", "EDIT_TELEMETRY_TOKEN"},
        {"valueFrom", {{"secretKeyRef", {{"name", secretName(name)}, {"key", kTokenKey}}}}}},
       {{"name", "POD_NAME"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "metadata.name"}}}}}},
+      {{"name", "POD_UID"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "metadata.uid"}}}}}},
       {{"name", "NODE_NAME"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "spec.nodeName"}}}}}},
       // Gloo binds and /metrics listens on the pod's own address.
       {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},

@@ -38,6 +38,12 @@ std::string rankList(const std::vector<const ObservedPod*>& pods) {
   return s;
 }
 
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
 }  // namespace
 
 ObservedPod observePod(const json& pod) {
@@ -490,21 +496,49 @@ class Planner {
       if (conditionTrue(st_, "Hung")) cond("Hung", "False", "Recovered", "gang restarted");
       event("Normal", "Running", "all " + std::to_string(spec_->worldSize()) + " workers are running");
     }
+    if (!recovery_) return;
     // A recovery is over when every rank runs a pod that is not an incarnation it replaces
-    // (a killed straggler may still be visible, Running, while it is being deleted).
+    // (a killed straggler may still be visible, Running, while it is being deleted) and
+    // every replacement has reported a training step: it joined the rendezvous, took its
+    // state from its peers and trains again. Running alone says nothing about the join.
     bool replacementsUp = allUp;
-    if (recovery_)
-      for (const auto* p : current())
-        if (p->deleting || recovery_->replaces(*p)) replacementsUp = false;
-    if (replacementsUp && recovery_) {
-      const std::time_t started = log::parseRfc3339(recovery_->startTime);
-      const std::string what = "rank(s) " + recovery_->rankList() + " replaced in place; all " +
-                               std::to_string(spec_->worldSize()) + " workers running again after " +
-                               std::to_string(started ? static_cast<long>(in_.now - started) : 0L) + " s";
-      clearRecovery("Recovered", what);
-      st_["message"] = "all workers running";
-      event("Normal", "ReplicaRecovered", what);
+    for (const auto* p : current())
+      if (p->deleting || recovery_->replaces(*p)) replacementsUp = false;
+    if (!replacementsUp) return;
+    std::vector<int> waiting;
+    long resumedAt = -1;
+    for (const auto* p : current()) {
+      if (!recovery_->covers(p->rank)) continue;
+      if (auto step = rejoinedAtStep(*p)) resumedAt = std::max(resumedAt, *step);
+      else waiting.push_back(p->rank);
     }
+    if (!waiting.empty()) {
+      st_["message"] = "replacement(s) of rank(s) " + rankList(waiting) + " running; waiting for their first training step";
+      return;
+    }
+    const std::time_t started = log::parseRfc3339(recovery_->startTime);
+    const long seconds = started ? std::max(0L, static_cast<long>(in_.now - started)) : 0L;
+    std::string what = "rank(s) " + recovery_->rankList() + " replaced in place; ";
+    what += resumedAt >= 0 ? "training again (step " + std::to_string(resumedAt) + " reported) "
+                           : "all " + std::to_string(spec_->worldSize()) + " workers running again ";
+    what += std::to_string(seconds) + " s after the failure";
+    clearRecovery("Recovered", what);
+    st_["message"] = "all workers running";
+    event("Normal", "ReplicaRecovered", what);
+    if (started) plan_.recoverySeconds = seconds;
+  }
+
+  // The step at which the replacement `pod` reported training, nullopt while it has not.
+  // Without telemetry, or from a worker that does not send its pod UID, a Running pod is
+  // the best sign there is (-1: step unknown).
+  std::optional<long> rejoinedAtStep(const ObservedPod& pod) const {
+    const auto& t = in_.telemetry;
+    if (!t.present) return -1L;
+    auto it = t.ranks.find(pod.rank);
+    if (it == t.ranks.end()) return std::nullopt;
+    if (it->second.podUid.empty() || pod.uid.empty()) return -1L;
+    if (it->second.podUid != pod.uid) return std::nullopt;
+    return it->second.step;
   }
 
   void mergeTelemetry() {

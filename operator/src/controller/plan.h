@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ctime>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -41,6 +42,11 @@ struct TelemetryView {
   json stragglers = json::array();         // status.stragglers
   std::string lastReportTime;              // RFC 3339
   bool hung = false;
+  struct RankReport {
+    std::string podUid;  // pod that sent the rank's newest report ("" if the worker does not say)
+    long step = 0;
+  };
+  std::map<int, RankReport> ranks;         // newest report of each rank
 };
 
 struct PlannedEvent {
@@ -61,6 +67,7 @@ struct Plan {
   bool gangRestarted = false;        // restartGeneration was bumped in this plan
   bool gangCreated = false;          // a whole gang is being created
   std::vector<std::pair<int, std::string>> replacedRanks;  // straggler (rank, node) being replaced
+  std::optional<long> recoverySeconds;  // a recovery ended in this plan: failure to rejoin, seconds
   std::optional<long> requeueAfterSeconds;
   std::vector<PlannedEvent> events;
 };

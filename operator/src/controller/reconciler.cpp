@@ -140,6 +140,7 @@ TelemetryView Reconciler::telemetryView(const JobRef& job, const std::string& ph
     v.stragglers.push_back({{"rank", s.rank}, {"pod", pod}, {"node", node}, {"score", std::round(s.score * 100) / 100}});
   }
   v.lastReportTime = log::rfc3339(static_cast<std::time_t>(snap->lastReportUnix));
+  for (const auto& [rank, r] : snap->ranks) v.ranks[rank] = {r.podUid, static_cast<long>(r.step)};
   v.hung = phase == "Running" && hub_.hung(job.meta.ns, job.meta.name, static_cast<double>(job.spec.hangTimeoutSeconds));
   return v;
 }
@@ -220,6 +221,7 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
     if (!node.empty()) avoid_[ns + "/" + name][rank].insert(node);
   }
   for (const auto& [rank, node] : plan.replacedRanks) hub_.resetRank(ns, name, rank);
+  if (plan.recoverySeconds) metrics_.replicaRecovered(static_cast<double>(*plan.recoverySeconds));
   for (int rank : plan.recoveredRanks) hub_.resetRank(ns, name, rank);  // its replacement starts a new window
   for (const auto& pod : plan.podsToDelete)
     client_.remove(res::Pods, ns, pod, "Background", plan.deleteImmediately ? 0 : -1);

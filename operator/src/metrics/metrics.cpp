@@ -24,6 +24,7 @@ Metrics::Metrics()
       reconcileTotal_(BuildCounter().Name("edit_operator_reconcile_total").Help("Reconciliations by result.").Register(*registry_)),
       reconcileSeconds_(BuildHistogram().Name("edit_operator_reconcile_seconds").Help("Duration of reconciliations in seconds.").Register(*registry_)),
       reconcileHist_(&reconcileSeconds_.Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
+      recoveryHist_(&BuildHistogram().Name("edit_operator_replica_recovery_seconds").Help("In-place recoveries: seconds from a worker's failure to its replacement's first training step.").Register(*registry_).Add({}, prometheus::Histogram::BucketBoundaries{2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600})),
       jobsCreated_(&BuildCounter().Name("edit_operator_jobs_created_total").Help("Worker gangs created (first start and restarts).").Register(*registry_).Add({})),
       jobsSucceeded_(&BuildCounter().Name("edit_operator_jobs_succeeded_total").Help("Jobs that reached Succeeded.").Register(*registry_).Add({})),
       jobsFailed_(&BuildCounter().Name("edit_operator_jobs_failed_total").Help("Jobs that reached Failed.").Register(*registry_).Add({})),

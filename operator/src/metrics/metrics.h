@@ -56,6 +56,8 @@ class Metrics {
   void jobSucceeded() { jobsSucceeded_->Increment(); }
   void jobFailed() { jobsFailed_->Increment(); }
   void jobRestarted() { jobsRestarted_->Increment(); }
+  // An in-place recovery ended: seconds from the failure to the replacements' first step.
+  void replicaRecovered(double seconds) { recoveryHist_->Observe(seconds); }
   void setLeader(bool leader) { leader_->Set(leader ? 1 : 0); }
 
  private:
@@ -99,6 +101,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& reconcileTotal_;
   prometheus::Family<prometheus::Histogram>& reconcileSeconds_;
   prometheus::Histogram* reconcileHist_;
+  prometheus::Histogram* recoveryHist_;
   prometheus::Counter *jobsCreated_, *jobsSucceeded_, *jobsFailed_, *jobsRestarted_;
   prometheus::Gauge* leader_;
 };

@@ -24,6 +24,7 @@ struct Report {
   int replica = 0;
   int shard = 0;
   std::string pod;
+  std::string podUid;  // empty from workers that do not send it
   std::string node;
   int64_t step = 0;
   int64_t totalSteps = 0;

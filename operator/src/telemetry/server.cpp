@@ -73,6 +73,7 @@ std::optional<TelemetryHub::Snapshot> TelemetryHub::snapshot(const std::string& 
   s.stragglers = st.stragglers();
   s.lastReportUnix = st.lastReportTime();
   s.hasReports = st.hasReports();
+  for (const auto& [rank, rs] : st.ranks()) s.ranks[rank] = {rs.last.podUid, rs.last.step};
   return s;
 }
 
@@ -102,7 +103,8 @@ static std::string invalidReport(const pb::WorkerReport& r) {
   if (r.rank() < 0 || r.rank() >= 65536 || r.replica() < 0 || r.shard() < 0) return "rank/replica/shard out of range";
   if (r.step() < 0 || r.step() > kMaxSteps || r.total_steps() < 0 || r.total_steps() > kMaxSteps)
     return "step/total_steps out of range";
-  if (r.pod().size() > 253 || r.node().size() > 253 || r.phase().size() > 32) return "pod/node/phase too long";
+  if (r.pod().size() > 253 || r.node().size() > 253 || r.phase().size() > 32 || r.pod_uid().size() > 128)
+    return "pod/pod_uid/node/phase too long";
   for (double v : {r.step_seconds(), r.compute_seconds(), r.comm_wait_seconds(), r.sync_seconds(), r.unix_time()})
     if (!std::isfinite(v) || v < 0) return "timings must be finite and >= 0";
   if (r.comm_size() > 64) return "too many comm counters";
@@ -133,6 +135,7 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
     rep.replica = r.replica();
     rep.shard = r.shard();
     rep.pod = r.pod();
+    rep.podUid = r.pod_uid();
     rep.node = r.node();
     rep.step = r.step();
     rep.totalSteps = r.total_steps();

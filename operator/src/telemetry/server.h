@@ -31,8 +31,13 @@ class TelemetryHub {
   void resetJob(const std::string& ns, const std::string& job, int restartGeneration);
   void resetRank(const std::string& ns, const std::string& job, int rank);
 
+  struct RankReport {
+    std::string podUid;  // of the pod that sent the rank's newest report
+    int64_t step = 0;
+  };
   struct Snapshot {
     Progress progress;
+    std::map<int, RankReport> ranks;
     std::vector<WorkerScore> scores;
     std::vector<WorkerScore> stragglers;
     double lastReportUnix = 0;

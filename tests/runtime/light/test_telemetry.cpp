@@ -257,7 +257,8 @@ TEST(Telemetry, ClientDeliversReportsAndReceivesStop) {
   ASSERT_TRUE(server);
   ASSERT_GT(port, 0);
   {
-    edit::TelemetryClient client("127.0.0.1:" + std::to_string(port), "tok-123", "ns-a", "job-a", "pod-3", "node-x");
+    edit::TelemetryClient client("127.0.0.1:" + std::to_string(port), "tok-123",
+                                 edit::TelemetryIdentity{"ns-a", "job-a", "pod-3", "uid-3", "node-x", 2});
     client.send(sampleReport());
     ASSERT_TRUE(svc.waitForReports(1, 10s));
     ASSERT_TRUE(eventually([&] { return client.takeCommand() == edit::OperatorCommand::Stop; }, 10000ms));
@@ -274,6 +275,8 @@ TEST(Telemetry, ClientDeliversReportsAndReceivesStop) {
     EXPECT_EQ(r.token(), "tok-123");
     EXPECT_EQ(r.pod(), "pod-3");
     EXPECT_EQ(r.node(), "node-x");
+    EXPECT_EQ(r.pod_uid(), "uid-3");
+    EXPECT_EQ(r.restart_generation(), 2);  // the operator drops reports of older gangs
     EXPECT_EQ(r.rank(), 3);
     EXPECT_EQ(r.replica(), 1);
     EXPECT_EQ(r.shard(), 1);
@@ -319,7 +322,7 @@ TEST(Telemetry, ClientReconnectsAndClosesQuickly) {
   FakeOperator svc;
   std::unique_ptr<grpc::Server> server;
   {
-    auto client = std::make_unique<edit::TelemetryClient>(addr, "t", "ns", "job", "pod", "node");
+    auto client = std::make_unique<edit::TelemetryClient>(addr, "t", edit::TelemetryIdentity{"ns", "job", "pod", "", "node"});
     client->send(sampleReport());
     std::this_thread::sleep_for(300ms);
     EXPECT_FALSE(client->connected());
@@ -334,7 +337,7 @@ TEST(Telemetry, ClientReconnectsAndClosesQuickly) {
     auto t0 = std::chrono::steady_clock::now();
     client.reset();
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s) << "destructor must not hang";
-    client = std::make_unique<edit::TelemetryClient>("127.0.0.1:1", "t", "ns", "job", "pod", "node");
+    client = std::make_unique<edit::TelemetryClient>("127.0.0.1:1", "t", edit::TelemetryIdentity{"ns", "job", "pod", "", "node"});
     client->send(sampleReport());
     std::this_thread::sleep_for(200ms);
     t0 = std::chrono::steady_clock::now();

@@ -191,7 +191,12 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
         detectors_[u] = {ewma[u][0].item<double>(), ewma[u][1].item<double>(),
                          static_cast<int64_t>(ewma[u][2].item<double>())};
   }
-  if (joiner) adam_->setStepCount(static_cast<int64_t>(T[stepFrom][kAdam]));
+  if (joiner) {
+    adam_->setStepCount(static_cast<int64_t>(T[stepFrom][kAdam]));
+    // Cumulative tokens as if this rank had trained from the start (what a resume from a
+    // checkpoint at `step` holds), so the job's token count does not drop by a rank's share.
+    tokens_ = static_cast<uint64_t>(step) * static_cast<uint64_t>(cfg_.data.batchSize * cfg_.data.seqLen);
+  }
 
   // Everyone: inner weights := outer weights of `round`, and the clock of that round.
   for (size_t u = 0; u < units_.size(); ++u) units_[u].shardView.copy_(outer_[u].outer);

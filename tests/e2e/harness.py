@@ -363,8 +363,10 @@ class Cluster:
             out.append("---- %s ----\n%s" % (os.path.basename(log), self.tail(log, 3000)))
         for log in self.standin_logs[-1:]:
             out.append("---- %s ----\n%s" % (os.path.basename(log), self.tail(log, 1500)))
-        for f in sorted(glob.glob(os.path.join(self.tmp, "kubelet", "pods", "*", "worker.log")))[-4:]:
-            out.append("---- %s ----\n%s" % (f[len(self.tmp):], self.tail(f, 800)))
+        # Every incarnation (a replaced pod's log is the one that explains a failure).
+        for f in sorted(glob.glob(os.path.join(self.tmp, "kubelet", "pods", "*", "worker.log")),
+                        key=os.path.getmtime)[-10:]:
+            out.append("---- %s ----\n%s" % (f[len(self.tmp):], self.tail(f, 1500)))
         return "\n".join(out)
 
     def close(self):

@@ -251,7 +251,8 @@ class Faults(unittest.TestCase):
             self.assertEqual(sorted(gens), list(range(expect_restarts + 1)), gens)
         recovered = self.tracker.recovered_ranks()
         if expect_restarts is not None:
-            self.assertEqual(recovered, sorted(expect_recovered or []), "ranks replaced in place")
+            self.assertEqual(recovered, sorted(expect_recovered or []),
+                             "ranks replaced in place\n%s" % self.c.diagnostics())
             self.assertEqual(st.get("replicaRecoveries", 0), 1 if expect_recovered else 0, st)
         self.assertNotIn("recovery", st, "the recovery record outlived the recovery")
         # Final checkpoint: the last step, outer weights and parameters finite.

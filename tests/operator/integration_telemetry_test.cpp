@@ -139,6 +139,8 @@ TEST_F(OperatorIntegration, ReplaceActionRecreatesStragglerAwayFromItsNode) {
                           ["nodeSelectorTerms"][0]["matchExpressions"][0];
   EXPECT_EQ(expr["operator"], "NotIn");
   EXPECT_EQ(expr["values"], json::array({oldNode}));
+  // Remembered in the status (an operator restart keeps it).
+  EXPECT_EQ(job("repl")["status"]["avoidNodes"], json::array({{{"rank", 1}, {"node", oldNode}}}));
   // Only the straggler was replaced, in place: its new pod joins the running job.
   EXPECT_EQ(pods("repl").size(), 3u);
   EXPECT_EQ(job("repl")["status"].value("restarts", 0), 0);

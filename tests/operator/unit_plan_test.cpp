@@ -249,6 +249,9 @@ TEST(Plan, StragglersAndReplace) {
   EXPECT_EQ(r.status.value("restarts", 0), 0);
   EXPECT_EQ(condStatus(r.status, "Recovering"), "True");
   EXPECT_EQ(r.status["recovery"]["ranks"], json::array({1}));
+  // The node to avoid is in the status, so an operator restart does not forget it.
+  EXPECT_EQ(r.status["avoidNodes"], json::parse(R"([{"rank": 1, "node": "n1"}])"));
+  EXPECT_EQ(avoidNodesFromStatus(r.status), (std::map<int, std::set<std::string>>{{1, {"n1"}}}));
   // While the killed straggler is still visible (Running, being deleted) the recovery is
   // not over, and its rank is recreated as a replacement once it is gone.
   PlanInput during = input({{"stragglerPolicy", {{"action", "Replace"}}}}, r.status);
@@ -277,6 +280,13 @@ TEST(Plan, StragglersAndReplace) {
     EXPECT_FALSE(gp.deleteImmediately);
     EXPECT_TRUE(gp.recoveredRanks.empty());
     EXPECT_FALSE(gp.status.contains("recovery"));
+    EXPECT_EQ(gp.status["avoidNodes"], json::parse(R"([{"rank": 1, "node": "n1"}])"));
+    // Its peers fail next: the gang restart keeps the node to avoid for the new gang.
+    PlanInput peers = input(spec, gp.status);
+    peers.pods = {pod(0, "Failed", 0, 75), pod(1, "Failed", 0, 137)};
+    Plan rp = planReconcile(peers);
+    EXPECT_TRUE(rp.gangRestarted);
+    EXPECT_EQ(rp.status["avoidNodes"], gp.status["avoidNodes"]);
   }
 
   // With runPolicy.backoffLimit spent a straggler is only reported: slow beats Failed.
@@ -293,6 +303,14 @@ TEST(Plan, StragglersAndReplace) {
   clear.telemetry.present = true;
   Plan c = planReconcile(clear);
   EXPECT_EQ(condStatus(c.status, "StragglerDetected"), "False");
+}
+
+TEST(Plan, AvoidNodesFromStatusSkipsWhatDoesNotParse) {
+  json st = json::parse(R"({"avoidNodes": [{"rank": 0, "node": "a"}, {"rank": 0, "node": "b"}, {"rank": 2, "node": "a"},
+                                           {"rank": "1", "node": "c"}, {"rank": 3}, {"rank": 4, "node": ""}, 7]})");
+  EXPECT_EQ(avoidNodesFromStatus(st), (std::map<int, std::set<std::string>>{{0, {"a", "b"}}, {2, {"a"}}}));
+  EXPECT_TRUE(avoidNodesFromStatus(json::object()).empty());
+  EXPECT_TRUE(avoidNodesFromStatus(json::parse(R"({"avoidNodes": "n1"})")).empty());
 }
 
 TEST(Plan, ConditionTransitionTimeOnlyOnFlip) {

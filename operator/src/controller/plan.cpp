@@ -76,6 +76,16 @@ ObservedPod observePod(const json& pod) {
 
 bool isPermanentExitCode(int code) { return code == 2 || code == 126 || code == 127; }
 
+std::map<int, std::set<std::string>> avoidNodesFromStatus(const json& status) {
+  std::map<int, std::set<std::string>> out;
+  if (!status.is_object() || !status.contains("avoidNodes") || !status["avoidNodes"].is_array()) return out;
+  for (const auto& e : status["avoidNodes"])
+    if (e.is_object() && e.contains("rank") && e["rank"].is_number_integer() && e.contains("node") &&
+        e["node"].is_string() && !e["node"].get<std::string>().empty())
+      out[e["rank"].get<int>()].insert(e["node"].get<std::string>());
+  return out;
+}
+
 const json* findCondition(const json& status, const std::string& type) {
   if (!status.contains("conditions")) return nullptr;
   for (const auto& c : status["conditions"])
@@ -388,6 +398,7 @@ class Planner {
     if (!recovery_ && budgetUsed() >= spec_->runPolicy.backoffLimit) return;
     const std::string node = p.node.empty() ? reportedNode : p.node;
     plan_.replacedRanks.emplace_back(p.rank, node);
+    avoidNode(p.rank, node);
     plan_.podsToDelete.push_back(p.name);
     const std::string why = gangRestartReason(*spec_, phase_, {&p}, nullptr);
     if (!why.empty()) {
@@ -413,6 +424,18 @@ class Planner {
               std::to_string(recoveries_) + "; " + std::to_string(budgetUsed()) + " of runPolicy.backoffLimit=" +
               std::to_string(spec_->runPolicy.backoffLimit) + " used)");
     plan_.requeueAfterSeconds = 1;
+  }
+
+  // status.avoidNodes: the rank's pods get a required anti-affinity to the node for the
+  // rest of the job, across gang restarts (the GangRestart path of a replacement is one)
+  // and operator restarts. At most one entry per replacement, so backoffLimit bounds it.
+  void avoidNode(int rank, const std::string& node) {
+    if (node.empty()) return;
+    json& list = st_["avoidNodes"];
+    if (!list.is_array()) list = json::array();
+    for (const auto& e : list)
+      if (e.is_object() && e.value("rank", -1) == rank && e.value("node", "") == node) return;
+    list.push_back({{"rank", rank}, {"node", node}});
   }
 
   bool recoveryYoungerThanHangTimeout() const {

@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ ObservedPod observePod(const json& pod);
 // 143) is retried: by replacing the failed ranks in place where runPolicy.replicaRecovery
 // allows it (controller/recovery.h), else by a gang restart from the newest checkpoint.
 bool isPermanentExitCode(int code);
+
+// status.avoidNodes as rank -> nodes its pods must not use (entries that do not parse are
+// skipped: the status is ours, but a user may have edited it).
+std::map<int, std::set<std::string>> avoidNodesFromStatus(const json& status);
 
 struct TelemetryView {
   bool present = false;
@@ -66,7 +71,7 @@ struct Plan {
   bool deleteJob = false;            // TTL after finish expired
   bool gangRestarted = false;        // restartGeneration was bumped in this plan
   bool gangCreated = false;          // a whole gang is being created
-  std::vector<std::pair<int, std::string>> replacedRanks;  // straggler (rank, node) being replaced
+  std::vector<std::pair<int, std::string>> replacedRanks;  // straggler (rank, node) being replaced (also in status.avoidNodes)
   std::optional<long> recoverySeconds;  // a recovery ended in this plan: failure to rejoin, seconds
   std::optional<long> requeueAfterSeconds;
   std::vector<PlannedEvent> events;

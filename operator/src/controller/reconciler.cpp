@@ -106,12 +106,8 @@ void Reconciler::ensureChildren(const JobRef& job) {
 }
 
 void Reconciler::createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
-                            const std::vector<int>& joiningRanks) {
-  std::map<int, std::set<std::string>> avoid;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    avoid = avoid_[job.meta.ns + "/" + job.meta.name];
-  }
+                            const std::vector<int>& joiningRanks, const json& status) {
+  auto avoid = avoidNodesFromStatus(status);
   for (int rank : ranks) {
     const bool join = std::find(joiningRanks.begin(), joiningRanks.end(), rank) != joiningRanks.end();
     json pod = desiredPod(job, rank, restartGeneration, settings_, avoid[rank], join);
@@ -145,11 +141,7 @@ TelemetryView Reconciler::telemetryView(const JobRef& job, const std::string& ph
   return v;
 }
 
-void Reconciler::forget(const std::string& ns, const std::string& name) {
-  hub_.forgetJob(ns, name);
-  std::lock_guard<std::mutex> lock(mu_);
-  avoid_.erase(ns + "/" + name);
-}
+void Reconciler::forget(const std::string& ns, const std::string& name) { hub_.forgetJob(ns, name); }
 
 std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string& ns, const std::string& name) {
   auto jobObj = client_.tryGet(res::EDiTJobs, ns, name);
@@ -194,8 +186,6 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
   if (plan.gangRestarted) {
     hub_.resetJob(ns, name, restartGen);
     metrics_.jobRestarted();
-    std::lock_guard<std::mutex> lock(mu_);
-    avoid_.erase(ns + "/" + name);
   }
   // Status first: if we crash after it, the next run sees the new generation and
   // cleans up the old pods instead of counting the same failure twice.
@@ -216,10 +206,6 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
   metrics_.setJobReplicaRecoveries(ns, name, st.value("replicaRecoveries", 0));
   for (const auto& ev : plan.events) events_.record(*jobObj, ev.type, ev.reason, ev.message);
 
-  for (const auto& [rank, node] : plan.replacedRanks) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!node.empty()) avoid_[ns + "/" + name][rank].insert(node);
-  }
   for (const auto& [rank, node] : plan.replacedRanks) hub_.resetRank(ns, name, rank);
   if (plan.recoverySeconds) metrics_.replicaRecovered(static_cast<double>(*plan.recoverySeconds));
   for (int rank : plan.recoveredRanks) hub_.resetRank(ns, name, rank);  // its replacement starts a new window
@@ -231,7 +217,7 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
     ensureChildren(*job);
   }
   if (job && !plan.ranksToCreate.empty()) {
-    createPods(*job, plan.ranksToCreate, restartGen, plan.joiningRanks);
+    createPods(*job, plan.ranksToCreate, restartGen, plan.joiningRanks, st);
     if (plan.gangCreated) metrics_.jobCreated();
   }
   if (plan.deleteJob) {

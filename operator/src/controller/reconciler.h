@@ -37,9 +37,10 @@ class Reconciler {
   std::vector<json> ownedPods(const json& job, const api::JobMeta& meta);
   std::string ensureToken(const JobRef& job, bool mayCreate);
   void ensureChildren(const JobRef& job);
-  // joiningRanks: replacements of an in-place recovery (EDIT_JOIN=1).
+  // joiningRanks: replacements of an in-place recovery (EDIT_JOIN=1); status: the job's
+  // new status (status.avoidNodes).
   void createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
-                  const std::vector<int>& joiningRanks = {});
+                  const std::vector<int>& joiningRanks, const json& status);
   TelemetryView telemetryView(const JobRef& job, const std::string& phase, const std::vector<ObservedPod>& pods);
   void forget(const std::string& ns, const std::string& name);
 
@@ -50,8 +51,7 @@ class Reconciler {
   kube::EventRecorder& events_;
   OperatorSettings settings_;
   std::mutex mu_;
-  std::map<std::string, std::string> tokens_;                          // job uid -> token
-  std::map<std::string, std::map<int, std::set<std::string>>> avoid_;  // ns/name -> rank -> nodes
+  std::map<std::string, std::string> tokens_;  // job uid -> token
 };
 
 class Controller {

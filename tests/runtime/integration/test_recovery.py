@@ -53,6 +53,10 @@ class Recovery(unittest.TestCase):
         s = summaries(logs)
         self.assertEqual(sorted(s), [0, 1, 2, 3], out)
         self.assertTrue(s[kill_rank]["joined"], s[kill_rank])
+        # Tokens of the whole run, as for a rank that never died: steps x tokens per step
+        # (the undisturbed run's count), not only what the replacement trained itself.
+        full = summaries(os.path.join(self.d, "logs-undisturbed"))[kill_rank]["tokens"]
+        self.assertEqual(s[kill_rank]["tokens"], full, s[kill_rank])
         for r in range(4):
             self.assertEqual(s[r]["resumed_from"], -1, f"rank {r} read a checkpoint")
             if r != kill_rank:

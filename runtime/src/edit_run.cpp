@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "blas_env.h"
+
 using nlohmann::json;
 
 namespace {
@@ -118,26 +120,6 @@ int freePort() {
   const int port = ntohs(a.sin_port);
   ::close(fd);
   return port;
-}
-
-// Debian's OpenBLAS 0.3.21 does not recognise recent Xeons and falls back to its SSE3
-// "Prescott" kernels (~4x slower GEMM). The kernel set is chosen when the library loads,
-// so it must be in the workers' environment. Never overrides a value already set (some
-// machines set it on purpose).
-std::string blasCoreType() {
-  if (const char* v = std::getenv("OPENBLAS_CORETYPE"); v && *v) return "";
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    const std::string flags = line + " ";
-    auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos; };
-    if (has("avx512_bf16")) return "Cooperlake";
-    if (has("avx512f") && has("avx512bw") && has("avx512vl")) return "SkylakeX";
-    if (has("avx2") && has("fma")) return "Haswell";
-    return "";
-  }
-  return "";
 }
 
 std::string workerBinary() {
@@ -364,7 +346,7 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  const std::string coreType = blasCoreType();
+  const std::string coreType = edit::blasCoreType();
   std::cout << "edit-run: " << o.nproc << " workers (" << o.nproc / o.shards << " replicas x "
             << o.shards << " shards), rendezvous 127.0.0.1:" << port
             << (coreType.empty() ? "" : ", OPENBLAS_CORETYPE=" + coreType) << std::endl;

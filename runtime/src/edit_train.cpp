@@ -13,6 +13,7 @@
 #include <iostream>
 #include <thread>
 
+#include "blas_env.h"
 #include "checkpoint.h"
 #include "config.h"
 #include "data.h"
@@ -62,6 +63,7 @@ Config loadConfig(int argc, char** argv, bool& printOnly) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  reexecWithBlasCoreType(argv);
   Config cfg;
   MeshSpec mesh;
   bool printOnly = false;
@@ -96,6 +98,8 @@ int main(int argc, char** argv) {
   const std::string job = envOr("EDIT_JOB", "local");
   const int replica = mesh.rank / mesh.shards, shard = mesh.rank % mesh.shards;
   const std::string tag = "[rank " + std::to_string(mesh.rank) + "] ";
+  if (auto* coreName = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename")))
+    std::cerr << tag << "OpenBLAS kernels: " << coreName() << "\n";  // Prescott here is the slow fallback
   std::unique_ptr<WorkerMetrics> metrics;
   std::unique_ptr<TelemetryClient> telemetry;
   try {

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,12 @@ import ckpt  # noqa: E402
 BUILD = os.environ["EDIT_BUILD_DIR"]
 EDIT_RUN = os.path.join(BUILD, "runtime", "edit-run")
 EDIT_DATA = os.path.join(BUILD, "runtime", "edit-data")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def make_data(d):
@@ -173,6 +180,28 @@ class Robustness(EditRun):
         self.assertEqual(on[0]["anomalies"], 0)            # the healthy ones are not
         self.assertTrue(math.isfinite(on[0]["val_loss"]))
         self.assertLess(on[0]["val_loss"], off[0]["val_loss"])  # without the penalty the loss jumps
+
+    def test_edit_train_picks_fast_blas_kernels(self):
+        """edit-train started directly (as in a pod, without edit-run to set
+        OPENBLAS_CORETYPE) still gets OpenBLAS kernels for this CPU, not the SSE3 fallback
+        Debian's OpenBLAS picks on recent Xeons; a value already set is kept."""
+        flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
+        want = ("Cooperlake" if "avx512_bf16" in flags else
+                "SkylakeX" if {"avx512f", "avx512bw", "avx512vl"} <= set(flags) else
+                "Haswell" if {"avx2", "fma"} <= set(flags) else None)
+        if want is None:
+            self.skipTest("this CPU needs no OPENBLAS_CORETYPE")
+        train = os.path.join(os.path.dirname(EDIT_RUN), "edit-train")
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   EDIT_BIND_ADDR="127.0.0.1")
+        sets = self.base_sets() + ["training.steps=2", "algorithm.mode=ddp", "metrics.port=-1"]
+        for preset, expect in ((None, want), ("Haswell", "Haswell")):
+            e = dict(env, **({"OPENBLAS_CORETYPE": preset} if preset else {}))
+            p = subprocess.run([train] + sum((["--set", s] for s in sets), []), env=e,
+                               capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            self.assertIn("OpenBLAS kernels: %s\n" % expect, p.stderr)
 
     def test_sigterm_checkpoints_and_rerun_resumes(self):
         sets = self.base_sets() + ["algorithm.mode=edit", "training.steps=400"]

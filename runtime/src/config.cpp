@@ -289,6 +289,7 @@ std::vector<Field> fieldsOf(Config& c) {
   S("telemetry.addr", c.telemetry.addr, str(kMaxHost + 6));
   S("telemetry.token", c.telemetry.token, str(kMaxPath, false, true));
   I("telemetry.everySteps", c.telemetry.everySteps, ints(1));
+  D("telemetry.heartbeatSeconds", c.telemetry.heartbeatSeconds, nums(0, 3600, false, false));
   S("telemetry.tlsCaFile", c.telemetry.tlsCaFile, str(kMaxPath));
   S("telemetry.tlsServerName", c.telemetry.tlsServerName, str(kMaxHost));
   auto& sd = c.debug.injectStepDelay;
@@ -504,6 +505,7 @@ void applyEnvironment(Config& cfg) {
       {"EDIT_TELEMETRY_TOKEN", "telemetry.token"},
       {"EDIT_TELEMETRY_CA_FILE", "telemetry.tlsCaFile"},
       {"EDIT_TELEMETRY_SERVER_NAME", "telemetry.tlsServerName"},
+      {"EDIT_TELEMETRY_HEARTBEAT_SECONDS", "telemetry.heartbeatSeconds"},
       {"EDIT_CHECKPOINT_DIR", "checkpoint.dir"},
       {"EDIT_METRICS_PORT", "metrics.port"},
       {"EDIT_METRICS_HOST", "metrics.host"}};

@@ -99,6 +99,10 @@ struct TelemetryConfig {
   std::string addr = "";      // operator gRPC endpoint host:port (env EDIT_TELEMETRY_ADDR)
   std::string token = "";     // per-job token (env EDIT_TELEMETRY_TOKEN); never logged
   int64_t everySteps = 1;
+  // Resend the last report after this many seconds without one (0: never), so that the
+  // operator can tell a silent (stopped, frozen) worker from one waiting in a collective
+  // (env EDIT_TELEMETRY_HEARTBEAT_SECONDS; the operator derives it from hangTimeoutSeconds).
+  double heartbeatSeconds = 5;
   // PEM CA bundle that verifies the operator's certificate; non-empty: TLS, never a
   // plaintext fallback (env EDIT_TELEMETRY_CA_FILE).
   std::string tlsCaFile = "";

@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
           cfg.telemetry.addr, cfg.telemetry.token,
           TelemetryIdentity{envOr("EDIT_NAMESPACE", "default"), job, envOr("POD_NAME", envOr("HOSTNAME", "local")),
                             envOr("POD_UID", ""), envOr("NODE_NAME", ""), mesh.restartGeneration},
-          TelemetryTls{cfg.telemetry.tlsCaFile, cfg.telemetry.tlsServerName});
+          TelemetryTls{cfg.telemetry.tlsCaFile, cfg.telemetry.tlsServerName}, cfg.telemetry.heartbeatSeconds);
   } catch (const std::exception& e) {
     std::cerr << tag << "cannot start metrics/telemetry: " << e.what() << "\n";
     return kExitInvalidInput;

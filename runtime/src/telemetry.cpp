@@ -180,6 +180,8 @@ struct TelemetryClient::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::optional<pb::WorkerReport> pending;  // queue of one: the newest report wins
+  std::optional<pb::WorkerReport> lastSent;  // what a heartbeat resends
+  std::chrono::milliseconds heartbeat{0};    // 0: no heartbeats
   bool stop = false;
   bool streamBroken = false;
   grpc::ClientContext* active = nullptr;  // the live stream's context, for TryCancel
@@ -245,10 +247,22 @@ void TelemetryClient::Impl::run() {
       pb::WorkerReport report;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || streamBroken || pending.has_value(); });
+        auto ready = [&] { return stop || streamBroken || pending.has_value(); };
+        if (heartbeat.count() > 0 && lastSent) {
+          if (!cv.wait_for(lock, heartbeat, ready)) {
+            // Nothing new for a heartbeat interval: say we are alive, with what we last said.
+            lastSent->set_heartbeat(true);
+            lastSent->set_unix_time(
+                std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+            pending = *lastSent;
+          }
+        } else {
+          cv.wait(lock, ready);
+        }
         if (stop || streamBroken) break;
         report = std::move(*pending);
         pending.reset();
+        lastSent = report;
       }
       if (!stream->Write(report)) {
         std::lock_guard<std::mutex> lock(mu);
@@ -296,7 +310,8 @@ std::string readCaBundle(const std::string& path) {
 }  // namespace
 
 TelemetryClient::TelemetryClient(const std::string& addr, const std::string& token,
-                                 const TelemetryIdentity& who, const TelemetryTls& tls)
+                                 const TelemetryIdentity& who, const TelemetryTls& tls,
+                                 double heartbeatSeconds)
     : impl_(std::make_unique<Impl>()) {
   if (!tls.serverName.empty() && tls.caFile.empty())
     throw std::runtime_error("telemetry.tlsServerName: needs telemetry.tlsCaFile (TLS is on only with a CA bundle)");
@@ -309,6 +324,8 @@ TelemetryClient::TelemetryClient(const std::string& addr, const std::string& tok
     impl_->serverNameOverride = tls.serverName;
   }
   impl_->addr = addr;
+  if (heartbeatSeconds > 0)
+    impl_->heartbeat = std::chrono::milliseconds(static_cast<int64_t>(heartbeatSeconds * 1000));
   impl_->identity.set_namespace_(who.ns);
   impl_->identity.set_job(who.job);
   impl_->identity.set_token(token);

@@ -40,12 +40,6 @@ struct TelemetryTls {
   std::string serverName;  // name checked in the operator's certificate instead of the address's host
 };
 
-// Streams reports to the operator (proto/edit/v1alpha1/telemetry.proto). Never blocks the
-// training thread: send() queues the newest report and a background thread delivers it,
-// reconnecting with backoff; a report overwritten before it was sent is dropped (the
-// counters are cumulative). The token is never logged. With tls.caFile the stream is TLS
-// and never falls back to plaintext; an unreadable CA file throws std::runtime_error
-// naming telemetry.tlsCaFile (at construction, i.e. at worker startup).
 // Who is reporting: sent with every report.
 struct TelemetryIdentity {
   std::string ns;
@@ -56,10 +50,19 @@ struct TelemetryIdentity {
   int restartGeneration = 0;  // EDIT_RESTART_GENERATION: the operator drops reports of older gangs
 };
 
+// Streams reports to the operator (proto/edit/v1alpha1/telemetry.proto). Never blocks the
+// training thread: send() queues the newest report and a background thread delivers it,
+// reconnecting with backoff; a report overwritten before it was sent is dropped (the
+// counters are cumulative). The token is never logged. With tls.caFile the stream is TLS
+// and never falls back to plaintext; an unreadable CA file throws std::runtime_error
+// naming telemetry.tlsCaFile (at construction, i.e. at worker startup). With
+// heartbeatSeconds > 0 the last report is resent (heartbeat = true) whenever that long
+// passes without a new one: a worker blocked in a collective stays visibly alive, a
+// stopped or frozen one falls silent.
 class TelemetryClient {
  public:
   TelemetryClient(const std::string& addr, const std::string& token, const TelemetryIdentity& who,
-                  const TelemetryTls& tls = {});
+                  const TelemetryTls& tls = {}, double heartbeatSeconds = 0);
   ~TelemetryClient();
   void send(const StepReport& r);
   // The newest command received and not yet taken (None if none).

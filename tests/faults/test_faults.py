@@ -214,10 +214,13 @@ class Faults(unittest.TestCase):
 
     def kill_workers(self, *ranks):
         """SIGKILL these ranks' processes at once and start the recovery clock."""
+        self.kill_workers_with(*ranks, sig="KILL")
+
+    def kill_workers_with(self, *ranks, sig):
         self.clock = RecoveryClock(self.c.tmp, self.ns, self.name)
         self.killed = list(ranks)
         for r in ranks:
-            self.c.kill(self.ns, self.pod(r), "KILL")
+            self.c.kill(self.ns, self.pod(r), sig)
 
     def pod(self, rank):
         return "%s-worker-%d" % (self.name, rank)
@@ -453,21 +456,38 @@ class Faults(unittest.TestCase):
         if os.path.exists(manifest):  # kept (keep=100)
             self.assertLess(os.path.getmtime(manifest) - t_term, 30, "checkpoint not within the grace period")
 
-    def test_hung_worker(self):
-        """SIGSTOP one worker: no step advances, after hangTimeoutSeconds the operator marks
-        the job Hung and restarts the gang (the stopped process dies by SIGKILL after the
-        pods' grace period)."""
-        self.start(hang=10)
-        self.wait_checkpoint(16)
-        self.wait_step(20)
-        self.c.kill(self.ns, self.pod(1), "STOP")
-
+    def hung_condition(self):
         def hung():
             st = self.c.job(self.ns, self.name).get("status", {})
             return [c for c in st.get("conditions", []) if c["type"] == "Hung" and c["status"] == "True"]
-        cond = self.c.wait_for(hung, 60, "the Hung condition")
+        return self.c.wait_for(hung, 60, "the Hung condition")[0]
+
+    def test_hung_worker(self):
+        """SIGSTOP one worker: no step advances; after hangTimeoutSeconds the operator marks
+        the job Hung, sees that rank 1 alone went silent (the others keep sending heartbeats
+        from their collectives), kills it and replaces it in place: no gang restart."""
+        self.start(hang=10)
+        self.wait_checkpoint(16)
+        self.wait_step(20)
+        self.kill_workers_with(1, sig="STOP")
+        cond = self.hung_condition()
+        self.assertEqual(cond["reason"], "WorkerUnresponsive", cond)
+        self.assertIn("rank(s) 1 sent nothing", cond["message"])
+        st = self.finish(expect_recovered=[1])
+        self.assertEqual(self.restarted_metric(), 0)
+        hung = [c for c in st.get("conditions", []) if c["type"] == "Hung"]
+        self.assertEqual(hung[0]["status"], "False", hung)
+
+    def test_hung_worker_gang_restart(self):
+        """The same hang under runPolicy.replicaRecovery GangRestart: Hung, then a gang
+        restart from the checkpoint (the stopped process dies by SIGKILL)."""
+        self.start(hang=10, replica_recovery="GangRestart")
+        self.wait_checkpoint(16)
+        self.wait_step(20)
+        self.kill_workers_with(1, sig="STOP")
+        cond = self.hung_condition()
+        self.assertEqual(cond["reason"], "NoProgress", cond)
         self.finish(expect_restarts=1)
-        self.assertIn("Hung", json.dumps(cond))
         self.assertGreaterEqual(self.restarted_metric(), 1)
 
     def test_corrupt_newest_checkpoint(self):

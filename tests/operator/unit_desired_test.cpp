@@ -57,7 +57,13 @@ TEST(Desired, PodIdentityEnvAndLabels) {
   EXPECT_EQ(env["EDIT_TELEMETRY_TOKEN"]["valueFrom"]["secretKeyRef"]["name"], "demo-telemetry");
   EXPECT_EQ(env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
   EXPECT_EQ(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+  EXPECT_EQ(env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.uid");
+  EXPECT_EQ(env["EDIT_TELEMETRY_HEARTBEAT_SECONDS"]["value"], "10");  // hangTimeoutSeconds 300: capped
   EXPECT_EQ(env["EXTRA"]["value"], "1");
+  // A fifth of the hang timeout within [1, 10] s (0 disables hang detection: the cap).
+  for (const auto& [hang, beat] : std::vector<std::pair<int, std::string>>{{10, "2"}, {3, "1"}, {0, "10"}, {40, "8"}})
+    EXPECT_EQ(envOf(controller::desiredPod(makeJob({{"hangTimeoutSeconds", hang}}), 0, 0, {"x:1"}))
+                  ["EDIT_TELEMETRY_HEARTBEAT_SECONDS"]["value"], beat) << hang;
   EXPECT_EQ(pod["spec"]["containers"][0]["command"], json({"edit-train"}));
 }
 

@@ -351,6 +351,68 @@ TEST(Recovery, HangIsNotDeclaredWhileSurvivorsWaitForAReplacement) {
   EXPECT_FALSE(late.status.contains("recovery"));
 }
 
+// A hang where one worker fell silent (stopped, frozen) while the others kept sending
+// heartbeats from their collectives: that worker is killed and replaced in place.
+TEST(Recovery, HungWithASilentWorkerReplacesItInPlace) {
+  PlanInput in = input({{"hangTimeoutSeconds", 10}}, kRunning);
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  in.telemetry.present = true;
+  in.telemetry.hung = true;
+  in.telemetry.ranks[0] = {"uid-0-0", 24, 1.5};
+  in.telemetry.ranks[1] = {"uid-1-0", 24, 11.0};
+  Plan p = planReconcile(in);
+  EXPECT_FALSE(p.gangRestarted);
+  EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-1"});
+  EXPECT_TRUE(p.deleteImmediately);  // a stopped process cannot act on SIGTERM
+  EXPECT_EQ(p.recoveredRanks, std::vector<int>{1});
+  EXPECT_EQ(p.status["restarts"], 0);
+  EXPECT_EQ(p.status["replicaRecoveries"], 1);
+  EXPECT_EQ(p.status["recovery"]["failedPodUIDs"], json::array({"uid-1-0"}));
+  EXPECT_EQ(condStatus(p.status, "Hung"), "True");
+  EXPECT_EQ(condReason(p.status, "Hung"), "WorkerUnresponsive");
+  const std::string msg = findCondition(p.status, "Hung")->value("message", "");
+  EXPECT_NE(msg.find("rank(s) 1 sent nothing for 11 s"), std::string::npos) << msg;
+  EXPECT_EQ(condReason(p.status, "Recovering"), "WorkerUnresponsive");
+
+  // Its replacement joins and reports: recovered, and the hang is over.
+  PlanInput up = input({{"hangTimeoutSeconds", 10}}, p.status);
+  up.now = kNow + 8;
+  up.pods = {pod(0, "Running"), pod(1, "Running")};
+  up.pods[1].uid = "uid-1-new";
+  up.telemetry.present = true;
+  up.telemetry.ranks[0] = {"uid-0-0", 21, 0.5};
+  up.telemetry.ranks[1] = {"uid-1-new", 21, 0.5};
+  Plan r = planReconcile(up);
+  EXPECT_EQ(condReason(r.status, "Recovering"), "Recovered");
+  EXPECT_EQ(condStatus(r.status, "Hung"), "False");
+  EXPECT_EQ(condReason(r.status, "Hung"), "Recovered");
+  EXPECT_FALSE(r.gangRestarted);
+}
+
+// Without a split between silent and reporting workers nothing says which one is stuck:
+// the gang restarts, as it does under GangRestart.
+TEST(Recovery, HungWithoutASilentMinorityRestartsTheGang) {
+  auto hung = [](json spec, double silent0, double silent1) {
+    spec["hangTimeoutSeconds"] = 10;
+    PlanInput in = input(spec, kRunning);
+    in.pods = {pod(0, "Running"), pod(1, "Running")};
+    in.telemetry.present = true;
+    in.telemetry.hung = true;
+    in.telemetry.ranks[0] = {"uid-0-0", 24, silent0};
+    in.telemetry.ranks[1] = {"uid-1-0", 24, silent1};
+    return planReconcile(in);
+  };
+  for (const auto& [what, p] : std::vector<std::pair<std::string, Plan>>{
+           {"all silent (no heartbeats)", hung({}, 12, 11)},
+           {"all alive (a deadlock)", hung({}, 1, 2)},
+           {"GangRestart", hung({{"runPolicy", {{"replicaRecovery", "GangRestart"}}}}, 1, 11)},
+           {"ddp", hung({{"algorithm", {{"mode", "ddp"}}}}, 1, 11)}}) {
+    EXPECT_TRUE(p.gangRestarted) << what;
+    EXPECT_EQ(condReason(p.status, "Hung"), "NoProgress") << what;
+    EXPECT_FALSE(p.status.contains("recovery")) << what;
+  }
+}
+
 TEST(Recovery, SuspendDropsTheRecord) {
   json st = kRunning;
   st["recovery"] = {{"ranks", {1}}, {"startTime", log::rfc3339(kNow)}, {"failedPodUIDs", {"uid-1-0"}}};

@@ -100,6 +100,21 @@ TEST(Hang, NoProgressForTimeout) {
   EXPECT_FALSE(t.hung(1000, 0));  // 0 disables
 }
 
+TEST(Hang, HeartbeatsShowLifeButNeitherProgressNorStepTimes) {
+  JobTelemetry t({1.5, 5, 1});
+  t.add(rep(0, 4, 0.1), 100);
+  t.add(rep(1, 4, 0.1), 100);
+  for (double now = 102; now <= 110; now += 2) {
+    Report hb = rep(0, 4, 0.1);
+    hb.heartbeat = true;
+    t.add(hb, now);  // rank 0 waits in a collective; rank 1 is silent
+  }
+  EXPECT_TRUE(t.hung(110, 5));  // no step advanced
+  EXPECT_EQ(t.ranks().at(0).lastSeen, 110);
+  EXPECT_EQ(t.ranks().at(1).lastSeen, 100);
+  EXPECT_EQ(t.ranks().at(0).stepTimes.size(), 1u);  // heartbeats add no step time
+}
+
 TEST(Token, ConstantTimeCompare) {
   EXPECT_TRUE(constantTimeEquals("abc123", "abc123"));
   EXPECT_FALSE(constantTimeEquals("abc123", "abc124"));

@@ -3,6 +3,7 @@
 #include <openssl/rand.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace edit::op::controller {
@@ -64,6 +65,11 @@ json envVar(const std::string& name, const std::string& value) { return {{"name"
 
 std::string configMapName(const std::string& job) { return job + "-config"; }
 std::string secretName(const std::string& job) { return job + "-telemetry"; }
+
+long heartbeatSeconds(const api::EDiTJobSpec& s) {
+  if (s.hangTimeoutSeconds <= 0) return 10;
+  return std::clamp(s.hangTimeoutSeconds / 5, 1L, 10L);
+}
 std::string serviceName(const std::string& job) { return job; }
 std::string podName(const std::string& job, int rank) { return job + "-worker-" + std::to_string(rank); }
 std::string masterAddr(const std::string& job, const std::string& ns) {
@@ -183,6 +189,7 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
       envVar("MASTER_PORT", std::to_string(s.masterPort)),
       envVar("EDIT_TELEMETRY_ADDR", settings.telemetryAdvertiseAddr),
       envVar("EDIT_RESTART_GENERATION", std::to_string(restartGeneration)),
+      envVar("EDIT_TELEMETRY_HEARTBEAT_SECONDS", std::to_string(heartbeatSeconds(s))),
       {{"name", "EDIT_CONFIG"},
        {"valueFrom", {{"configMapKeyRef", {{"name", configMapName(name)}, {"key", kConfigKey}}}}}},
       {{"name", "EDIT_TELEMETRY_TOKEN"},

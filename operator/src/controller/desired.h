@@ -56,6 +56,11 @@ json desiredSecret(const JobRef& job, const std::string& token);
 json desiredService(const JobRef& job);
 // Empty object when no gang scheduler is named.
 json desiredPodGroup(const JobRef& job);
+// How often an idle worker resends its last report: a fifth of hangTimeoutSeconds, within
+// [1, 10] s, so that when the job hangs a stopped worker has been silent far longer than
+// the others (controller/plan.cpp tells them apart at half the hang timeout).
+long heartbeatSeconds(const api::EDiTJobSpec& s);
+
 // avoidNodes: nodes this rank must not land on (straggler replacement). joinRunningJob:
 // the pod replaces a failed rank of a running gang (env EDIT_JOIN=1: it takes the state
 // from its peers instead of starting a new rendezvous).

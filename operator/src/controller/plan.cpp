@@ -349,6 +349,7 @@ class Planner {
       if (recoveryYoungerThanHangTimeout()) return false;
       reason = "Hung";
       msg = "no training progress for hangTimeoutSeconds=" + std::to_string(spec_->hangTimeoutSeconds);
+      if (replaceSilentInPlace(msg)) return true;
       cond("Hung", "True", "NoProgress", msg);
       event("Warning", "Hung", msg);
       // Its workers are stuck (in a collective, or stopped): SIGTERM cannot make them
@@ -365,6 +366,56 @@ class Planner {
       return true;
     }
     restart(reason, msg);
+    return true;
+  }
+
+  // A hang where some workers fell silent (no report, not even a heartbeat, for half the
+  // hang timeout) while the others kept reporting: the silent ones are stopped or frozen,
+  // the others wait for them in a collective. Killing the silent pods breaks those
+  // collectives at once and the rest recover in place around their replacements. Without
+  // such a split (every worker silent, or every one alive: a deadlock) the gang restarts.
+  bool replaceSilentInPlace(const std::string& msg) {
+    if (recovery_ || budgetUsed() >= spec_->runPolicy.backoffLimit || !in_.telemetry.present) return false;
+    const double threshold = spec_->hangTimeoutSeconds / 2.0;
+    std::vector<const ObservedPod*> silent;
+    bool alive = false;
+    double longest = 0;
+    for (const auto* p : current()) {
+      auto it = in_.telemetry.ranks.find(p->rank);
+      if (p->phase != "Running" || p->deleting || it == in_.telemetry.ranks.end()) continue;
+      const auto& r = it->second;
+      if (!r.podUid.empty() && !p->uid.empty() && r.podUid != p->uid) continue;  // another incarnation's report
+      if (r.silentSeconds > threshold) {
+        silent.push_back(p);
+        longest = std::max(longest, r.silentSeconds);
+      } else {
+        alive = true;
+      }
+    }
+    if (silent.empty() || !alive || !gangRestartReason(*spec_, phase_, silent, nullptr).empty()) return false;
+    const std::string who = "rank(s) " + rankList(silent) + " sent nothing for " +
+                            std::to_string(static_cast<long>(longest)) + " s while the others kept reporting";
+    cond("Hung", "True", "WorkerUnresponsive", msg + "; " + who);
+    event("Warning", "Hung", msg + "; " + who);
+    recoveries_++;
+    st_["replicaRecoveries"] = recoveries_;
+    recovery_ = RecoveryRecord{{}, now_, {}};
+    for (const auto* p : silent) {
+      recovery_->add(*p);
+      plan_.podsToDelete.push_back(p->name);
+      plan_.recoveredRanks.push_back(p->rank);
+    }
+    st_["recovery"] = recovery_->toJson();
+    const std::string what = "killing unresponsive rank(s) " + recovery_->rankList() +
+                             " and replacing them in place; the other workers wait for them";
+    st_["message"] = what;
+    cond("Recovering", "True", "WorkerUnresponsive", what);
+    event("Warning", "RecoveringReplica",
+          who + "; " + what + " (in-place recovery " + std::to_string(recoveries_) + "; " +
+              std::to_string(budgetUsed()) + " of runPolicy.backoffLimit=" +
+              std::to_string(spec_->runPolicy.backoffLimit) + " used)");
+    plan_.deleteImmediately = true;  // a stopped process cannot act on SIGTERM
+    plan_.requeueAfterSeconds = 1;
     return true;
   }
 
@@ -463,6 +514,7 @@ class Planner {
     if (findCondition(st_, "Running")) cond("Running", "False", "Completed", "job finished");
     if (findCondition(st_, "Restarting")) cond("Restarting", "False", "Completed", "job finished");
     clearRecovery("Completed", "job finished");
+    if (conditionTrue(st_, "Hung")) cond("Hung", "False", "Completed", "job finished");
     event("Normal", "Succeeded", st_["message"]);
     mergeTelemetry();
     // Every worker exited 0, so training reached its budget even when the last reports
@@ -546,6 +598,7 @@ class Planner {
                            : "all " + std::to_string(spec_->worldSize()) + " workers running again ";
     what += std::to_string(seconds) + " s after the failure";
     clearRecovery("Recovered", what);
+    if (conditionTrue(st_, "Hung")) cond("Hung", "False", "Recovered", what);
     st_["message"] = "all workers running";
     event("Normal", "ReplicaRecovered", what);
     if (started) plan_.recoverySeconds = seconds;

@@ -50,6 +50,7 @@ struct TelemetryView {
   struct RankReport {
     std::string podUid;  // pod that sent the rank's newest report ("" if the worker does not say)
     long step = 0;
+    double silentSeconds = 0;  // since its newest report or heartbeat
   };
   std::map<int, RankReport> ranks;         // newest report of each rank
 };

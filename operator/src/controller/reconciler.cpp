@@ -136,7 +136,9 @@ TelemetryView Reconciler::telemetryView(const JobRef& job, const std::string& ph
     v.stragglers.push_back({{"rank", s.rank}, {"pod", pod}, {"node", node}, {"score", std::round(s.score * 100) / 100}});
   }
   v.lastReportTime = log::rfc3339(static_cast<std::time_t>(snap->lastReportUnix));
-  for (const auto& [rank, r] : snap->ranks) v.ranks[rank] = {r.podUid, static_cast<long>(r.step)};
+  const double now = telemetry::unixNow();
+  for (const auto& [rank, r] : snap->ranks)
+    v.ranks[rank] = {r.podUid, static_cast<long>(r.step), std::max(0.0, now - r.lastSeenUnix)};
   v.hung = phase == "Running" && hub_.hung(job.meta.ns, job.meta.name, static_cast<double>(job.spec.hangTimeoutSeconds));
   return v;
 }

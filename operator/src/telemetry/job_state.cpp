@@ -30,7 +30,8 @@ void JobTelemetry::add(const Report& r, double now) {
   if (r.step < st.last.step) st.stepTimes.clear();
   st.last = r;
   st.lastSeen = now;
-  if (r.stepSeconds > 0) {
+  // A heartbeat repeats a step time already counted.
+  if (r.stepSeconds > 0 && !r.heartbeat) {
     st.stepTimes.push_back(r.stepSeconds);
     while (static_cast<int>(st.stepTimes.size()) > settings_.windowSteps) st.stepTimes.pop_front();
   }

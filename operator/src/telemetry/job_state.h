@@ -37,6 +37,7 @@ struct Report {
   double syncSeconds = 0;
   std::vector<CommSample> comm;
   int restartGeneration = 0;
+  bool heartbeat = false;  // a resend: the worker is alive, no new step
 };
 
 struct Progress {

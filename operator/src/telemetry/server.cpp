@@ -73,7 +73,7 @@ std::optional<TelemetryHub::Snapshot> TelemetryHub::snapshot(const std::string& 
   s.stragglers = st.stragglers();
   s.lastReportUnix = st.lastReportTime();
   s.hasReports = st.hasReports();
-  for (const auto& [rank, rs] : st.ranks()) s.ranks[rank] = {rs.last.podUid, rs.last.step};
+  for (const auto& [rank, rs] : st.ranks()) s.ranks[rank] = {rs.last.podUid, rs.last.step, rs.lastSeen};
   return s;
 }
 
@@ -147,6 +147,7 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
     rep.commWaitSeconds = r.comm_wait_seconds();
     rep.syncSeconds = r.sync_seconds();
     rep.restartGeneration = r.restart_generation();
+    rep.heartbeat = r.heartbeat();
     for (const auto& c : r.comm()) rep.comm.push_back({c.op(), c.group(), c.bytes(), c.wait_seconds()});
     job.state.add(rep, now);
     scores = job.state.scores();

@@ -34,6 +34,7 @@ class TelemetryHub {
   struct RankReport {
     std::string podUid;  // of the pod that sent the rank's newest report
     int64_t step = 0;
+    double lastSeenUnix = 0;  // when it arrived (heartbeats included)
   };
   struct Snapshot {
     Progress progress;

@@ -309,6 +309,34 @@ TEST(Telemetry, ClientDeliversReportsAndReceivesStop) {
   server->Shutdown(std::chrono::system_clock::now() + 2s);
 }
 
+// An idle worker (blocked in a collective, or between rare reports) resends its last
+// report as a heartbeat; a busy one sends only its reports.
+TEST(Telemetry, IdleClientSendsHeartbeats) {
+  FakeOperator svc;
+  int port = 0;
+  auto server = startServer(svc, "127.0.0.1:0", &port);
+  ASSERT_TRUE(server);
+  {
+    edit::TelemetryClient client("127.0.0.1:" + std::to_string(port), "t",
+                                 edit::TelemetryIdentity{"ns", "job", "pod", "uid", "node"}, {}, 0.2);
+    std::this_thread::sleep_for(500ms);
+    {
+      std::lock_guard<std::mutex> lock(svc.mu);
+      EXPECT_TRUE(svc.reports.empty()) << "a heartbeat before any report says nothing";
+    }
+    client.send(sampleReport());
+    ASSERT_TRUE(svc.waitForReports(3, 10s));
+    std::lock_guard<std::mutex> lock(svc.mu);
+    EXPECT_FALSE(svc.reports[0].heartbeat());
+    for (size_t i = 1; i < svc.reports.size(); ++i) {
+      EXPECT_TRUE(svc.reports[i].heartbeat()) << i;
+      EXPECT_EQ(svc.reports[i].step(), svc.reports[0].step());
+      EXPECT_GT(svc.reports[i].unix_time(), svc.reports[i - 1].unix_time());
+    }
+  }
+  server->Shutdown(std::chrono::system_clock::now() + 2s);
+}
+
 TEST(Telemetry, ClientReconnectsAndClosesQuickly) {
   // Find a free port, then leave it closed: the client starts without an operator.
   int port = 0;

@@ -375,24 +375,10 @@ class Planner {
   // collectives at once and the rest recover in place around their replacements. Without
   // such a split (every worker silent, or every one alive: a deadlock) the gang restarts.
   bool replaceSilentInPlace(const std::string& msg) {
-    if (recovery_ || budgetUsed() >= spec_->runPolicy.backoffLimit || !in_.telemetry.present) return false;
-    const double threshold = spec_->hangTimeoutSeconds / 2.0;
-    std::vector<const ObservedPod*> silent;
-    bool alive = false;
+    if (recovery_ || budgetUsed() >= spec_->runPolicy.backoffLimit) return false;
     double longest = 0;
-    for (const auto* p : current()) {
-      auto it = in_.telemetry.ranks.find(p->rank);
-      if (p->phase != "Running" || p->deleting || it == in_.telemetry.ranks.end()) continue;
-      const auto& r = it->second;
-      if (!r.podUid.empty() && !p->uid.empty() && r.podUid != p->uid) continue;  // another incarnation's report
-      if (r.silentSeconds > threshold) {
-        silent.push_back(p);
-        longest = std::max(longest, r.silentSeconds);
-      } else {
-        alive = true;
-      }
-    }
-    if (silent.empty() || !alive || !gangRestartReason(*spec_, phase_, silent, nullptr).empty()) return false;
+    const auto silent = silentPods(current(), in_.telemetry, spec_->hangTimeoutSeconds, &longest);
+    if (silent.empty() || !gangRestartReason(*spec_, phase_, silent, nullptr).empty()) return false;
     const std::string who = "rank(s) " + rankList(silent) + " sent nothing for " +
                             std::to_string(static_cast<long>(longest)) + " s while the others kept reporting";
     cond("Hung", "True", "WorkerUnresponsive", msg + "; " + who);
@@ -584,7 +570,7 @@ class Planner {
     long resumedAt = -1;
     for (const auto* p : current()) {
       if (!recovery_->covers(p->rank)) continue;
-      if (auto step = rejoinedAtStep(*p)) resumedAt = std::max(resumedAt, *step);
+      if (auto step = rejoinedAtStep(*p, in_.telemetry)) resumedAt = std::max(resumedAt, *step);
       else waiting.push_back(p->rank);
     }
     if (!waiting.empty()) {
@@ -602,19 +588,6 @@ class Planner {
     st_["message"] = "all workers running";
     event("Normal", "ReplicaRecovered", what);
     if (started) plan_.recoverySeconds = seconds;
-  }
-
-  // The step at which the replacement `pod` reported training, nullopt while it has not.
-  // Without telemetry, or from a worker that does not send its pod UID, a Running pod is
-  // the best sign there is (-1: step unknown).
-  std::optional<long> rejoinedAtStep(const ObservedPod& pod) const {
-    const auto& t = in_.telemetry;
-    if (!t.present) return -1L;
-    auto it = t.ranks.find(pod.rank);
-    if (it == t.ranks.end()) return std::nullopt;
-    if (it->second.podUid.empty() || pod.uid.empty()) return -1L;
-    if (it->second.podUid != pod.uid) return std::nullopt;
-    return it->second.step;
   }
 
   void mergeTelemetry() {

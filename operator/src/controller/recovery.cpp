@@ -61,4 +61,36 @@ std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& p
   return "";
 }
 
+std::optional<long> rejoinedAtStep(const ObservedPod& pod, const TelemetryView& t) {
+  if (!t.present) return -1L;
+  auto it = t.ranks.find(pod.rank);
+  if (it == t.ranks.end()) return std::nullopt;
+  if (it->second.podUid.empty() || pod.uid.empty()) return -1L;
+  if (it->second.podUid != pod.uid) return std::nullopt;
+  return it->second.step;
+}
+
+std::vector<const ObservedPod*> silentPods(const std::vector<const ObservedPod*>& pods, const TelemetryView& t,
+                                           long hangTimeoutSeconds, double* longest) {
+  std::vector<const ObservedPod*> silent;
+  if (!t.present) return silent;
+  const double threshold = hangTimeoutSeconds / 2.0;
+  bool alive = false;
+  *longest = 0;
+  for (const auto* p : pods) {
+    auto it = t.ranks.find(p->rank);
+    if (p->phase != "Running" || p->deleting || it == t.ranks.end()) continue;
+    const auto& r = it->second;
+    if (!r.podUid.empty() && !p->uid.empty() && r.podUid != p->uid) continue;  // another incarnation's report
+    if (r.silentSeconds > threshold) {
+      silent.push_back(p);
+      *longest = std::max(*longest, r.silentSeconds);
+    } else {
+      alive = true;
+    }
+  }
+  if (!alive) silent.clear();
+  return silent;
+}
+
 }  // namespace edit::op::controller

@@ -38,4 +38,16 @@ struct RecoveryRecord {
 std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
                               const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active);
 
+// The step a replacement `pod` reported training at; nullopt while it has not (its rank's
+// newest report comes from another pod, or there is none). Without telemetry, or from a
+// worker that sends no pod UID, a Running pod is the best sign there is: -1 (step unknown).
+std::optional<long> rejoinedAtStep(const ObservedPod& pod, const TelemetryView& t);
+
+// Of a hung job's Running pods, those whose rank sent nothing (no report, no heartbeat)
+// for more than half of hangTimeoutSeconds while another rank kept reporting: stopped or
+// frozen workers the others wait for. Empty when there is no such split. `longest`: the
+// longest silence among them, in seconds.
+std::vector<const ObservedPod*> silentPods(const std::vector<const ObservedPod*>& pods, const TelemetryView& t,
+                                           long hangTimeoutSeconds, double* longest);
+
 }  // namespace edit::op::controller

@@ -195,7 +195,7 @@ void Comm::allreduce(Group g, torch::Tensor& t, c10d::ReduceOp op) {
   std::vector<torch::Tensor> v{d};
   c10d::AllreduceOptions o;
   o.reduceOp = op;
-  await(p->allreduce(v, o), g, "allreduce");
+  run(g, "allreduce", [&] { return p->allreduce(v, o); });
   if (!d.is_same(t)) t.copy_(d);
   count(g, "allreduce", static_cast<uint64_t>(2.0 * (n - 1) / n * t.nbytes()), 0);
 }
@@ -210,7 +210,7 @@ void Comm::allgather(Group g, const torch::Tensor& in, std::vector<torch::Tensor
   for (auto& o : out) staging.push_back(staged(o));
   std::vector<std::vector<torch::Tensor>> outs{staging};
   std::vector<torch::Tensor> ins{staged(in)};
-  await(p->allgather(outs, ins), g, "allgather");
+  run(g, "allgather", [&] { return p->allgather(outs, ins); });
   for (size_t i = 0; i < out.size(); ++i)
     if (!staging[i].is_same(out[i])) out[i].copy_(staging[i]);
   count(g, "allgather", static_cast<uint64_t>(size(g) - 1) * in.nbytes(), 0);
@@ -226,7 +226,7 @@ void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
     // NCCL has a real reduce-scatter.
     auto mine = full.narrow(0, me * chunk, chunk);
     auto out = torch::empty_like(mine);
-    await(p->_reduce_scatter_base(out, full), g, "reduce_scatter");
+    run(g, "reduce_scatter", [&] { return p->_reduce_scatter_base(out, full); });
     mine.copy_(out);
     count(g, "reduce_scatter", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
     return;
@@ -240,10 +240,12 @@ void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
   for (int k = 0; k < n - 1; ++k) {
     std::vector<torch::Tensor> s{part(me - k - 1)}, r{tmp};
     const int tag = (tag_++) & 0xffff;
-    auto sw = p->send(s, next, tag);
-    auto rw = p->recv(r, prev, tag);
-    await(rw, g, "reduce_scatter");
-    await(sw, g, "reduce_scatter");
+    c10::intrusive_ptr<c10d::Work> sw;
+    run(g, "reduce_scatter", [&] {
+      sw = p->send(s, next, tag);
+      return p->recv(r, prev, tag);
+    });
+    run(g, "reduce_scatter", [&] { return sw; });
     part(me - k - 2).add_(tmp);
   }
   count(g, "reduce_scatter", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
@@ -254,7 +256,7 @@ void Comm::barrier(Group g) {
   if (!p) return;
   auto t = staged(torch::zeros({1}));
   std::vector<torch::Tensor> v{t};
-  await(p->allreduce(v), g, "barrier");
+  run(g, "barrier", [&] { return p->allreduce(v); });
   count(g, "barrier", 0, 0);
 }
 
@@ -265,14 +267,16 @@ void Comm::broadcast(Group g, torch::Tensor& t, int root) {
   std::vector<torch::Tensor> v{d};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  await(p->broadcast(v, o), g, "broadcast");
+  run(g, "broadcast", [&] { return p->broadcast(v, o); });
   if (!d.is_same(t)) t.copy_(d);
   count(g, "broadcast", static_cast<uint64_t>(t.nbytes()), 0);
 }
 
-void Comm::await(const c10::intrusive_ptr<c10d::Work>& w, Group g, const char* op) {
+void Comm::run(Group g, const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
   try {
-    w->wait();
+    start()->wait();
+  } catch (const PeerLost&) {
+    throw;
   } catch (const c10::Error& e) {
     throw PeerLost(std::string(op) + " on the " + groupName(g) + " group failed: " + e.what_without_backtrace());
   } catch (const std::exception& e) {

@@ -99,7 +99,9 @@ class Comm {
   // NCCL needs device tensors: host tensors are staged through the device.
   torch::Tensor staged(const torch::Tensor& t) const;
   void count(Group g, const std::string& op, uint64_t bytes, double waitSeconds);
-  void await(const c10::intrusive_ptr<c10d::Work>& w, Group g, const char* op);
+  // Starts a collective and waits for it; any failure, starting included (Gloo's send and
+  // recv write and read at once), becomes PeerLost.
+  void run(Group g, const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start);
   void build(const c10::intrusive_ptr<c10d::Store>& base, const std::string& prefix);
 
   MeshSpec spec_;

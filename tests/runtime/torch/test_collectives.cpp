@@ -1,6 +1,10 @@
 // Collectives of the mesh, on W threads over loopback Gloo.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <memory>
+#include <thread>
+
 #include "comm.h"
 #include "test_util.h"
 
@@ -65,6 +69,39 @@ TEST(Collectives, CommStreamRunsTasksInOrderAndCountsWaits) {
     EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
     EXPECT_EQ(comm.counters().at({"allreduce", "shard"}).calls, 5u);
   });
+}
+
+// A peer that is gone must surface as PeerLost (the trainer recovers from that) from
+// every collective, also where Gloo fails while starting one: its send writes at once.
+// A gloo::IoException escaping instead ended a survivor with exit 1 (fault suite).
+TEST(Collectives, ALostPeerIsPeerLostWhereverTheCollectiveFails) {
+  const int port = test::freePort();
+  std::vector<std::string> caught(3);
+  test::runRanks(3, [&](int r) {
+    auto mesh = test::meshFor(r, 1, 3, port);
+    mesh.timeoutSeconds = 20;
+    auto comm = std::make_unique<Comm>(mesh);
+    auto t = torch::ones({1});
+    comm->allreduce(Group::Shard, t);  // all three connected
+    if (r == 2) {
+      comm.reset();  // leaves: its connections close
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    try {
+      for (int i = 0; i < 50; ++i) {
+        auto buf = torch::ones({3 * 4096});
+        comm->reduceScatterSum(Group::Shard, buf);
+      }
+      caught[r] = "nothing";
+    } catch (const PeerLost&) {
+      caught[r] = "PeerLost";
+    } catch (const std::exception& e) {
+      caught[r] = std::string("another exception: ") + e.what();
+    }
+  });
+  EXPECT_EQ(caught[0], "PeerLost");
+  EXPECT_EQ(caught[1], "PeerLost");
 }
 
 TEST(Mesh, EnvironmentErrorsNameTheVariable) {

@@ -33,16 +33,11 @@ std::string describeExits(const std::vector<const ObservedPod*>& pods) {
 }
 
 std::string rankList(const std::vector<const ObservedPod*>& pods) {
-  std::string s;
-  for (const auto* p : pods) s += (s.empty() ? "" : ", ") + std::to_string(p->rank);
-  return s;
+  std::vector<int> ranks;
+  for (const auto* p : pods) ranks.push_back(p->rank);
+  return controller::rankList(ranks);
 }
 
-std::string rankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
-}
 
 }  // namespace
 
@@ -574,7 +569,7 @@ class Planner {
       else waiting.push_back(p->rank);
     }
     if (!waiting.empty()) {
-      st_["message"] = "replacement(s) of rank(s) " + rankList(waiting) + " running; waiting for their first training step";
+      st_["message"] = "replacement(s) of rank(s) " + controller::rankList(waiting) + " running; waiting for their first training step";
       return;
     }
     const std::time_t started = log::parseRfc3339(recovery_->startTime);

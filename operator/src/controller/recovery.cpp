@@ -41,11 +41,13 @@ void RecoveryRecord::add(const ObservedPod& pod) {
   if (!pod.uid.empty() && !replaces(pod)) failedPodUIDs.push_back(pod.uid);
 }
 
-std::string RecoveryRecord::rankList() const {
+std::string rankList(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
   return s;
 }
+
+std::string RecoveryRecord::rankList() const { return controller::rankList(ranks); }
 
 std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
                               const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active) {

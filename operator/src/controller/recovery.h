@@ -15,6 +15,9 @@
 
 namespace edit::op::controller {
 
+// "1, 3": ranks for messages.
+std::string rankList(const std::vector<int>& ranks);
+
 // status.recovery while failed ranks are being replaced in place.
 struct RecoveryRecord {
   std::vector<int> ranks;                   // replaced ranks; their new pods get EDIT_JOIN=1

@@ -373,7 +373,8 @@ class Faults(unittest.TestCase):
         # the job's step gauge went on past the furthest step of the killed gang.
         old_gang = max(row["step"] for runs in self.incarnations()[0].values() for rows in runs for row in rows)
         step = self.c.metric_value("edit_job_step", namespace=self.ns, job=self.name)
-        self.assertGreater(step or 0, old_gang, "edit_job_step after the gang restart")
+        if old_gang < STEPS:  # on a loaded machine the killed gang may already have finished
+            self.assertGreater(step or 0, old_gang, "edit_job_step after the gang restart")
 
     def test_kill_rank0(self):
         """Rank 0 hosted the rendezvous store: its replacement (a new pod IP behind the same

@@ -23,6 +23,14 @@ double nowSeconds() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
+void waitForDeviceWork(const torch::Tensor& used) {
+#ifdef EDIT_WITH_CUDA
+  if (used.is_cuda()) c10::cuda::getCurrentCUDAStream(used.device().index()).synchronize();
+#else
+  (void)used;
+#endif
+}
+
 static std::string env(const char* k, const char* dflt = nullptr) {
   const char* v = std::getenv(k);
   if (v && *v) return v;
@@ -214,6 +222,37 @@ void Comm::allgather(Group g, const torch::Tensor& in, std::vector<torch::Tensor
   for (size_t i = 0; i < out.size(); ++i)
     if (!staging[i].is_same(out[i])) out[i].copy_(staging[i]);
   count(g, "allgather", static_cast<uint64_t>(size(g) - 1) * in.nbytes(), 0);
+}
+
+void Comm::allgatherInto(Group g, const torch::Tensor& mine, torch::Tensor& full) {
+  auto* p = pg(g);
+  const int n = size(g), me = rankIn(g);
+  const int64_t chunk = mine.numel();
+  auto part = [&](int i) { return full.narrow(0, ((i % n) + n) % n * chunk, chunk); };
+  part(me).copy_(mine);
+  if (!p) return;
+#ifdef EDIT_WITH_CUDA
+  if (onDevice()) {
+    auto in = part(me);
+    run(g, "allgather", [&] { return p->_allgather_base(full, in); });
+    count(g, "allgather", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
+    return;
+  }
+#endif
+  // Ring: at step k pass on the chunk received at step k-1 (first our own); after n-1
+  // steps every chunk has arrived. Each rank sends (n-1) chunks, the optimal volume.
+  const int next = (me + 1) % n, prev = (me - 1 + n) % n;
+  for (int k = 0; k < n - 1; ++k) {
+    std::vector<torch::Tensor> s{part(me - k)}, r{part(me - k - 1)};
+    const int tag = (tag_++) & 0xffff;
+    c10::intrusive_ptr<c10d::Work> sw;
+    run(g, "allgather", [&] {
+      sw = p->send(s, next, tag);
+      return p->recv(r, prev, tag);
+    });
+    run(g, "allgather", [&] { return sw; });
+  }
+  count(g, "allgather", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
 }
 
 void Comm::reduceScatterSum(Group g, torch::Tensor& full) {

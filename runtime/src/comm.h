@@ -81,6 +81,9 @@ class Comm {
   void allreduce(Group g, torch::Tensor& t, c10d::ReduceOp op = c10d::ReduceOp::SUM);
   // out[i] receives rank i's `in`; `in` and each out[i] have the same size.
   void allgather(Group g, const torch::Tensor& in, std::vector<torch::Tensor>& out);
+  // full: [n * chunk]; on return chunk i holds rank i's `mine` ([chunk]). No staging copy:
+  // Gloo gets a ring of send/recv on `full`'s memory, NCCL its all-gather into one tensor.
+  void allgatherInto(Group g, const torch::Tensor& mine, torch::Tensor& full);
   // full: [n * chunk] contributions of this rank; on return chunk `rankIn(g)` of `full`
   // holds the sum over the group (other chunks are clobbered). Gloo 1.13 has no
   // reduce_scatter: this is a ring of send/recv, which sends the optimal (n-1)/n bytes.
@@ -151,5 +154,9 @@ class CommStream {
 };
 
 double nowSeconds();  // monotonic
+
+// For a GPU tensor, blocks until the calling thread's current CUDA stream has done its
+// work (a buffer it used may then be reused on another stream); a no-op on CPU.
+void waitForDeviceWork(const torch::Tensor& used);
 
 }  // namespace edit

@@ -310,6 +310,7 @@ std::vector<Field> fieldsOf(Config& c) {
   S("runtime.recovery", c.runtime.recovery, oneOf(kRecoveryModes));
   D("runtime.rendezvousTimeoutSeconds", c.runtime.rendezvousTimeoutSeconds,
     nums(1, 7 * 86400, true, false));
+  B("runtime.reshardAfterForward", c.runtime.reshardAfterForward);
   return f;
 }
 

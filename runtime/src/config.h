@@ -144,6 +144,10 @@ struct RuntimeConfig {
   // 75 so the launcher restarts the gang from the newest checkpoint.
   std::string recovery = "inPlace";
   double rendezvousTimeoutSeconds = 600;  // how long survivors wait for replacements
+  // ZeRO-3 (true): a unit's gathered parameters are freed after its forward and gathered
+  // again for its backward. false: kept until the backward (ZeRO-2's memory: one all-gather
+  // per step instead of two). docs/memory.md.
+  bool reshardAfterForward = true;
 };
 
 struct Config {

@@ -1,11 +1,76 @@
 #include "flat_units.h"
 
+#include <algorithm>
+
 namespace edit {
 
-std::vector<torch::Tensor> FlatUnit::fullChunks() const {
-  std::vector<torch::Tensor> out;
-  for (int i = 0; i < shards; ++i) out.push_back(full.narrow(0, i * chunk, chunk));
-  return out;
+void FlatUnit::bindGrads(const torch::Tensor& flat) {
+  auto views = parameterViews(layout, flat);
+  for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = views[k];
+}
+
+void FlatUnit::unbindGrads() {
+  for (auto& p : params) p.mutable_grad() = torch::Tensor();
+}
+
+torch::Tensor BufferCache::take(int64_t numel) {
+  torch::Tensor t;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = free_.find(numel);
+    if (it != free_.end() && !it->second.empty()) {
+      t = std::move(it->second.back());
+      it->second.pop_back();
+    }
+    live_ += numel * static_cast<int64_t>(opts_.dtype().itemsize());
+    peak_ = std::max(peak_, live_);
+  }
+  if (!t.defined()) t = torch::empty({numel}, opts_);
+  return t;
+}
+
+void BufferCache::give(torch::Tensor t) {
+  if (!t.defined()) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  live_ -= static_cast<int64_t>(t.nbytes());
+  auto& list = free_[t.numel()];
+  if (static_cast<int>(list.size()) < keep_) list.push_back(std::move(t));
+}
+
+int64_t BufferCache::cachedBytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  int64_t n = 0;
+  for (const auto& [numel, list] : free_)
+    for (const auto& t : list) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+int64_t BufferCache::liveBytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return live_;
+}
+
+int64_t BufferCache::peakLiveBytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return peak_;
+}
+
+void attachFull(FlatUnit& u, torch::Tensor buffer) {
+  TORCH_CHECK(u.sharded() && !u.fullBuffer.defined() && buffer.numel() == u.padded,
+              "attachFull: unit ", u.layout.name, " is already gathered or the buffer has the wrong size");
+  // Non-owning: `fullBuffer` owns the memory; the views of `full` only borrow it.
+  auto* impl = u.full.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(at::DataPtr(buffer.data_ptr(), buffer.device()));
+  impl->set_nbytes(static_cast<size_t>(buffer.nbytes()));
+  u.fullBuffer = std::move(buffer);
+}
+
+torch::Tensor detachFull(FlatUnit& u) {
+  if (!u.sharded() || !u.fullBuffer.defined()) return {};
+  auto* impl = u.full.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(at::DataPtr(nullptr, u.fullBuffer.device()));
+  impl->set_nbytes(0);
+  return std::move(u.fullBuffer);
 }
 
 std::vector<FlatUnit> buildUnits(const ModelShape& s, int shards, int shard, uint64_t seed,
@@ -22,22 +87,35 @@ std::vector<FlatUnit> buildUnits(const ModelShape& s, int shards, int shard, uin
     u.shard = shard;
     u.chunk = (u.layout.numel + shards - 1) / shards;
     u.padded = u.chunk * shards;
+    // Made at full size once so the parameter views can be created (views check bounds
+    // against the storage); with N > 1 the memory is dropped right after.
     u.full = torch::zeros({u.padded}, opts);
-    u.full.narrow(0, 0, u.layout.numel).copy_(initialUnitValues(u.layout, u.index, seed));
-    u.grad = torch::zeros({u.padded}, opts);
-    u.shardView = u.full.narrow(0, shard * u.chunk, u.chunk);
-    u.gradShard = u.grad.narrow(0, shard * u.chunk, u.chunk);
-    auto mask = torch::zeros({u.padded});
-    for (const auto& p : u.layout.params)
-      if (p.decay) mask.narrow(0, p.offset, p.numel).fill_(1.0);
-    u.decayMask = mask.narrow(0, shard * u.chunk, u.chunk).to(device);
-    auto views = parameterViews(u.layout, u.full);
-    auto gviews = parameterViews(u.layout, u.grad);
-    for (size_t k = 0; k < views.size(); ++k) {
-      auto p = views[k];
-      p.requires_grad_(true);
-      p.mutable_grad() = gviews[k];  // autograd accumulates in place into the flat buffer
-      u.params.push_back(p);
+    const auto init = initialUnitValues(u.layout, u.index, seed);
+    const int64_t lo = shard * u.chunk;
+    if (u.sharded()) {
+      u.slice = torch::zeros({u.chunk}, opts);
+      const int64_t n = std::max<int64_t>(0, std::min(u.chunk, u.layout.numel - lo));
+      if (n > 0) u.slice.narrow(0, 0, n).copy_(init.narrow(0, lo, n));
+    } else {
+      u.full.narrow(0, 0, u.layout.numel).copy_(init);
+      u.slice = u.full;
+    }
+    u.gradSlice = torch::zeros({u.chunk}, opts);
+    for (const auto& p : u.layout.params) {
+      if (!p.decay) continue;
+      const int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, lo + u.chunk);
+      if (a < b) u.decayRanges.emplace_back(a - lo, b - a);
+    }
+    for (auto& v : parameterViews(u.layout, u.full)) {
+      v.requires_grad_(true);
+      u.params.push_back(v);
+    }
+    if (u.sharded()) {
+      auto* impl = u.full.storage().unsafeGetStorageImpl();
+      impl->set_data_ptr_noswap(at::DataPtr(nullptr, device));
+      impl->set_nbytes(0);
+    } else {
+      u.bindGrads(u.gradSlice);  // autograd accumulates in place into the flat gradient
     }
     units.push_back(std::move(u));
   }

@@ -7,8 +7,8 @@ namespace edit {
 ShardedAdamW::ShardedAdamW(const TrainingConfig& cfg, const std::vector<FlatUnit>& units)
     : beta1_(cfg.beta1), beta2_(cfg.beta2), eps_(cfg.eps), wd_(cfg.weightDecay) {
   for (const auto& u : units) {
-    m_.push_back(torch::zeros_like(u.shardView));
-    v_.push_back(torch::zeros_like(u.shardView));
+    m_.push_back(torch::zeros_like(u.slice));
+    v_.push_back(torch::zeros_like(u.slice));
   }
 }
 
@@ -18,9 +18,10 @@ void ShardedAdamW::step(std::vector<FlatUnit>& units, double lr) {
   const double bc1 = 1 - std::pow(beta1_, static_cast<double>(t_));
   const double bc2 = 1 - std::pow(beta2_, static_cast<double>(t_));
   for (size_t i = 0; i < units.size(); ++i) {
-    auto& p = units[i].shardView;
-    const auto& g = units[i].gradShard;
-    if (wd_ != 0) p.addcmul_(p, units[i].decayMask, -lr * wd_);
+    auto& p = units[i].slice;
+    const auto& g = units[i].gradSlice;
+    if (wd_ != 0)
+      for (const auto& [start, len] : units[i].decayRanges) p.narrow(0, start, len).mul_(1 - lr * wd_);
     m_[i].mul_(beta1_).add_(g, 1 - beta1_);
     v_[i].mul_(beta2_).addcmul_(g, g, 1 - beta2_);
     auto denom = (v_[i].sqrt() / std::sqrt(bc2)).add_(eps_);

@@ -52,10 +52,10 @@ static double completeNorm(Comm& comm, const torch::Tensor& local) {
 UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& detector,
                         const SyncSettings& s, double stepsSinceSync) {
   UnitSyncResult r;
-  const bool offloaded = o.outer.device() != unit.shardView.device();
-  auto outer = offloaded ? o.outer.to(unit.shardView.device(), true) : o.outer;
-  auto momentum = offloaded ? o.momentum.to(unit.shardView.device(), true) : o.momentum;
-  auto D = outer - unit.shardView;  // 1. pseudo-gradient
+  const bool offloaded = o.outer.device() != unit.slice.device();
+  auto outer = offloaded ? o.outer.to(unit.slice.device(), true) : o.outer;
+  auto momentum = offloaded ? o.momentum.to(unit.slice.device(), true) : o.momentum;
+  auto D = outer - unit.slice;  // 1. pseudo-gradient
   r.norm = completeNorm(comm, D);     // 2. norm of the replica's whole unit
 
   // 3. anomaly elimination (non-finite is always an anomaly, even with the test off).
@@ -92,7 +92,7 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& 
   if (wsum == 0) {
     // Every replica anomalous: skip the outer step and drop the local progress.
     r.skipped = true;
-    unit.shardView.copy_(outer);
+    unit.slice.copy_(outer);
     return r;
   }
   D.mul_(r.weight);
@@ -107,7 +107,7 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& 
 
   // 6. outer Nesterov step, 7. theta := theta_outer.
   outerStep(outer, momentum, D, s.lr, s.momentum, s.nesterov);
-  unit.shardView.copy_(outer);
+  unit.slice.copy_(outer);
   if (offloaded) {
     o.outer.copy_(outer);
     o.momentum.copy_(momentum);

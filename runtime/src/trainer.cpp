@@ -75,6 +75,12 @@ void Trainer::setup() {
   comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
   stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
   units_ = buildUnits(shape_, comm_->shards(), comm_->shard(), cfg_.training.seed, device_);
+  prefetchDepth_ = cfg_.algorithm.prefetch ? 1 : 0;
+  reshardAfterForward_ = cfg_.runtime.reshardAfterForward;
+  // Enough cached buffers per size for the units in flight at once (the one computing,
+  // those prefetched, and a gradient being reduced), so a step allocates nothing.
+  buffers_ = std::make_unique<BufferCache>(
+      torch::TensorOptions().dtype(torch::kFloat32).device(device_), prefetchDepth_ + 2);
   detectors_.assign(units_.size(), EwmaDetector{});
   adam_ = std::make_unique<ShardedAdamW>(cfg_.training, units_);
   sync_ = syncSettingsFor(cfg_.algorithm);
@@ -87,7 +93,7 @@ void Trainer::setup() {
   if (!mesh_.join) {
     torch::NoGradGuard ng;
     double fp = 0;
-    for (auto& u : units_) fp += u.shardView.to(torch::kFloat64).sum().item<double>();
+    for (auto& u : units_) fp += u.slice.to(torch::kFloat64).sum().item<double>();
     auto hi = torch::full({1}, fp, torch::kFloat64), lo = torch::full({1}, -fp, torch::kFloat64);
     comm_->allreduce(Group::Sync, hi, c10d::ReduceOp::MAX);
     comm_->allreduce(Group::Sync, lo, c10d::ReduceOp::MAX);
@@ -124,7 +130,7 @@ void Trainer::initOuter() {
   outer_.clear();
   const bool offload = cfg_.algorithm.offloadOuterState && device_.is_cuda();
   for (auto& u : units_) {
-    auto outer = offload ? u.shardView.to(torch::kCPU).pin_memory() : u.shardView.clone();
+    auto outer = offload ? u.slice.to(torch::kCPU).pin_memory() : u.slice.clone();
     outer_.push_back({outer, torch::zeros_like(outer)});
   }
   outerReady_ = true;
@@ -184,11 +190,11 @@ void Trainer::corruptIfAsked() {
   auto gen = at::detail::createCPUGenerator(cfg_.training.seed + 977 * mesh_.rank);
   for (auto& u : units_) {
     if (c.nan) {
-      u.shardView[0] = std::numeric_limits<float>::quiet_NaN();
+      u.slice[0] = std::numeric_limits<float>::quiet_NaN();
       continue;
     }
-    const double rms = u.shardView.pow(2).mean().sqrt().item<double>();
-    u.shardView.add_((torch::randn({u.chunk}, gen) * (c.scale * rms)).to(device_));
+    const double rms = u.slice.pow(2).mean().sqrt().item<double>();
+    u.slice.add_((torch::randn({u.chunk}, gen) * (c.scale * rms)).to(device_));
   }
   log("debug.corruptReplica: corrupted replica " + std::to_string(c.replica) +
       " before sync round " + std::to_string(c.atSync));
@@ -213,12 +219,35 @@ void Trainer::syncWholeModel(StepOutcome& out) {
   out.synced = true;
 }
 
-void Trainer::gatherAll() {
-  if (comm_->shards() == 1) return;
-  torch::NoGradGuard ng;
-  for (auto& u : units_) {
-    auto chunks = u.fullChunks();
-    comm_->allgather(Group::Shard, u.shardView.clone(), chunks);
+Pending Trainer::prepareUnit(size_t u, bool syncFirst, std::vector<UnitSyncResult>* res,
+                             std::vector<double>* syncWork) {
+  // The buffer is taken here, on the training thread: on a GPU the task's stream waits for
+  // the training stream's work queued so far, which includes every use of a buffer given
+  // back before this point.
+  auto& unit = units_[u];
+  torch::Tensor buffer;
+  if (unit.sharded()) buffer = buffers_->take(unit.padded);
+  return stream_->enqueue([this, u, syncFirst, res, syncWork, buffer]() mutable {
+    auto& unit = units_[u];
+    if (syncFirst) {
+      const double t0 = nowSeconds();
+      (*res)[u] = syncUnit(*comm_, unit, outer_[u], detectors_[u], sync_, stepsSinceSync_);
+      ++roundUnitsSynced_;
+      (*syncWork)[u] = nowSeconds() - t0;
+    }
+    if (buffer.defined()) {
+      comm_->allgatherInto(Group::Shard, unit.slice, buffer);
+      attachFull(unit, std::move(buffer));
+    }
+  });
+}
+
+void Trainer::releaseUnit(size_t u) { buffers_->give(detachFull(units_[u])); }
+
+void Trainer::releaseAll() {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    releaseUnit(u);
+    if (units_[u].sharded()) units_[u].unbindGrads();
   }
 }
 
@@ -227,44 +256,36 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   if (sync && !layerwise) syncWholeModel(out);
   const size_t U = units_.size();
   const int N = comm_->shards();
-  const bool prepareNeeded = layerwise || N > 1;
+  const bool sharded = N > 1;
+  const size_t depth = static_cast<size_t>(prefetchDepth_);
   std::vector<UnitSyncResult> res(U);
   std::vector<double> syncWork(U, 0);
-
-  auto prepare = [this, layerwise, N, &res, &syncWork](size_t u) {
-    return stream_->enqueue([this, u, layerwise, N, &res, &syncWork] {
-      if (layerwise) {
-        const double t0 = nowSeconds();
-        res[u] = syncUnit(*comm_, units_[u], outer_[u], detectors_[u], sync_, stepsSinceSync_);
-        ++roundUnitsSynced_;
-        syncWork[u] = nowSeconds() - t0;
-      }
-      if (N > 1) {
-        auto chunks = units_[u].fullChunks();
-        comm_->allgather(Group::Shard, units_[u].shardView.clone(), chunks);
-      }
-    });
-  };
 
   trainSampler_->fill(static_cast<uint64_t>(t), inputs_.data(), targets_.data());
   const auto opts = torch::TensorOptions().dtype(torch::kInt64);
   auto tokens = torch::from_blob(inputs_.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
   auto targets = torch::from_blob(targets_.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
 
-  for (auto& u : units_) u.zeroGrad();
+  if (!sharded)
+    for (auto& u : units_) u.gradSlice.zero_();  // the parameters' .grad are views of it
 
-  // Forward, unit by unit. Each unit's input is a detached leaf so that the backward can
-  // run unit by unit too, and each unit's gradient reduction starts as soon as it is ready.
+  // Forward, unit by unit: wait for unit u's preparation (layer-wise sync on a sync step,
+  // then the all-gather), keep `depth` units prepared ahead, and release unit u's
+  // parameters once its forward is done (ZeRO-3; not the last unit, whose backward comes
+  // next). Each unit's input is a detached leaf so the backward can run unit by unit too.
   std::vector<Pending> ready(U);
+  const bool prepare = layerwise || sharded;
+  auto ensure = [&](size_t u) {
+    if (prepare && u < U && !ready[u].valid()) ready[u] = prepareUnit(u, layerwise, &res, &syncWork);
+  };
   std::vector<torch::Tensor> ins(U), outs(U);
   const std::string prepOp = layerwise ? "sync" : "allgather";
   const Group prepGroup = layerwise ? Group::Sync : Group::Shard;
   torch::Tensor loss;
   for (size_t u = 0; u < U; ++u) {
-    if (prepareNeeded) {
-      if (!ready[u].valid()) ready[u] = prepare(u);
+    if (prepare) {
+      for (size_t k = u; k <= u + depth; ++k) ensure(k);
       stream_->wait(ready[u], prepGroup, prepOp);
-      if (cfg_.algorithm.prefetch && u + 1 < U) ready[u + 1] = prepare(u + 1);
     }
     const auto& p = units_[u].params;
     if (u == 0) {
@@ -277,31 +298,58 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
         loss = headLoss(p, ins[u], targets, shape_);
       }
     }
+    if (sharded && reshardAfterForward_ && u + 1 < U) releaseUnit(u);
   }
 
-  // Backward in reverse; reduce each unit's gradient on the communication stream.
+  // Backward in reverse. Sharded: gather unit u again (prefetched `depth` ahead, in
+  // reverse order), accumulate its gradient in a full-size buffer, release its
+  // parameters, and reduce-scatter the buffer into gradSlice on the communication stream
+  // while the backward goes on. Across replicas (ddp, warm-up) the slices are averaged.
   const bool averageReplicas = synchronousAt(t) && comm_->replicas() > 1;
-  const bool reduce = N > 1 || averageReplicas;
-  std::vector<Pending> reduced;
-  auto reduceGrad = [this, N, averageReplicas](size_t u) {
-    return stream_->enqueue([this, u, N, averageReplicas] {
+  const bool regather = sharded && reshardAfterForward_;
+  std::vector<Pending> gathered(U), reduced;
+  auto ensureBack = [&](size_t u) {
+    if (regather && u + 1 < U && !gathered[u].valid()) gathered[u] = prepareUnit(u, false, nullptr, nullptr);
+  };
+  auto reduceGrad = [this, N, averageReplicas](size_t u, torch::Tensor grad) {
+    return stream_->enqueue([this, u, N, averageReplicas, grad]() mutable {
       auto& unit = units_[u];
-      if (N > 1) {
-        comm_->reduceScatterSum(Group::Shard, unit.grad);
-        unit.gradShard.div_(N);
+      if (grad.defined()) {
+        comm_->reduceScatterSum(Group::Shard, grad);
+        unit.gradSlice.copy_(grad.narrow(0, unit.shard * unit.chunk, unit.chunk)).div_(N);
+        waitForDeviceWork(grad);  // before the buffer can be reused by the training stream
+        buffers_->give(std::move(grad));
       }
       if (averageReplicas) {
-        comm_->allreduce(Group::Sync, unit.gradShard);
-        unit.gradShard.div_(comm_->replicas());
+        comm_->allreduce(Group::Sync, unit.gradSlice);
+        unit.gradSlice.div_(comm_->replicas());
       }
     });
   };
-  loss.backward();
-  for (size_t u = U - 1; u-- > 0;) {
-    if (reduce) reduced.push_back(reduceGrad(u + 1));
-    outs[u].backward(ins[u + 1].grad());
+  const bool reduce = sharded || averageReplicas;
+  for (size_t u = U; u-- > 0;) {
+    if (u + 1 < U) {
+      for (size_t k = 0; k <= depth && k <= u; ++k) ensureBack(u - k);
+      if (regather) stream_->wait(gathered[u], Group::Shard, "allgather");
+    } else {
+      for (size_t k = 1; k <= depth && k <= u; ++k) ensureBack(u - k);
+    }
+    torch::Tensor grad;
+    if (sharded) {
+      grad = buffers_->take(units_[u].padded).zero_();
+      units_[u].bindGrads(grad);
+    }
+    if (u + 1 == U) {
+      loss.backward();
+    } else {
+      outs[u].backward(ins[u + 1].grad());
+    }
+    if (sharded) {
+      units_[u].unbindGrads();
+      releaseUnit(u);
+    }
+    if (reduce) reduced.push_back(reduceGrad(u, std::move(grad)));
   }
-  if (reduce) reduced.push_back(reduceGrad(0));
   for (auto& f : reduced) stream_->wait(f, averageReplicas ? Group::Sync : Group::Shard,
                                         averageReplicas ? "allreduce" : "reduce_scatter");
 
@@ -318,16 +366,15 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   // group), then the inner step. A non-finite norm skips the step instead of poisoning
   // the weights.
   torch::NoGradGuard ng;
-  double sq = 0;
-  for (auto& u : units_) sq += u.gradShard.pow(2).sum().item<double>();
-  auto sqT = torch::full({1}, sq, torch::kFloat64);
+  auto sqT = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
+  for (auto& u : units_) sqT += u.gradSlice.dot(u.gradSlice).to(torch::kFloat64);
   comm_->allreduce(Group::Shard, sqT);
   const double gnorm = std::sqrt(sqT.item<double>());
   if (!std::isfinite(gnorm)) {
     log("step " + std::to_string(t) + ": non-finite gradient norm, inner step skipped");
   } else {
     if (cfg_.training.gradClip > 0 && gnorm > cfg_.training.gradClip)
-      for (auto& u : units_) u.gradShard.mul_(cfg_.training.gradClip / (gnorm + 1e-6));
+      for (auto& u : units_) u.gradSlice.mul_(cfg_.training.gradClip / (gnorm + 1e-6));
     adam_->step(units_, learningRate(cfg_.training, t, totalSteps_));
   }
   return loss.item<double>();
@@ -336,19 +383,42 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
 double Trainer::evaluate(int64_t batches, Group reduceOver) {
   if (!valSampler_) return -1;
   torch::NoGradGuard ng;
-  gatherAll();
-  std::vector<int64_t> in(inputs_.size()), tg(inputs_.size());
+  // Unit by unit over a group of batches: each unit is gathered once per group (the next
+  // one prefetched) and released after, so the whole model is never materialised on a
+  // rank; only the group's activations ([group, B, T, dim]) are kept.
+  constexpr int64_t kGroup = 16;
+  const size_t U = units_.size();
+  const bool sharded = comm_->shards() > 1;
   const auto opts = torch::TensorOptions().dtype(torch::kInt64);
+  const std::vector<int64_t> shape{cfg_.data.batchSize, cfg_.data.seqLen};
+  std::vector<int64_t> in(inputs_.size()), tg(inputs_.size());
   double sum = 0;
-  for (int64_t b = 0; b < batches; ++b) {
-    valSampler_->fill(static_cast<uint64_t>(b), in.data(), tg.data());
-    auto x = torch::from_blob(in.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
-    auto y = torch::from_blob(tg.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
-    auto h = embedForward(units_[0].params, x);
-    for (size_t u = 1; u + 1 < units_.size(); ++u) h = blockForward(units_[u].params, h, rope_, shape_);
-    sum += headLoss(units_.back().params, h, y, shape_).item<double>();
+  for (int64_t first = 0; first < batches; first += kGroup) {
+    const int64_t n = std::min(kGroup, batches - first);
+    std::vector<torch::Tensor> hs(n), ys(n);
+    std::vector<Pending> ready(U);
+    for (size_t u = 0; u < U; ++u) {
+      if (sharded) {
+        for (size_t k = u; k <= u + static_cast<size_t>(prefetchDepth_) && k < U; ++k)
+          if (!ready[k].valid()) ready[k] = prepareUnit(k, false, nullptr, nullptr);
+        stream_->wait(ready[u], Group::Shard, "allgather");
+      }
+      const auto& p = units_[u].params;
+      for (int64_t b = 0; b < n; ++b) {
+        if (u == 0) {
+          valSampler_->fill(static_cast<uint64_t>(first + b), in.data(), tg.data());
+          ys[b] = torch::from_blob(tg.data(), shape, opts).to(device_, false, true);
+          hs[b] = embedForward(p, torch::from_blob(in.data(), shape, opts).to(device_, false, true));
+        } else if (u + 1 < U) {
+          hs[b] = blockForward(p, hs[b], rope_, shape_);
+        } else {
+          sum += headLoss(p, hs[b], ys[b], shape_).item<double>();
+        }
+      }
+      if (sharded) releaseUnit(u);
+    }
   }
-  auto mean = torch::full({1}, sum / static_cast<double>(batches), torch::kFloat64);
+  auto mean = torch::full({1}, batches > 0 ? sum / static_cast<double>(batches) : 0.0, torch::kFloat64);
   comm_->allreduce(reduceOver, mean);
   return mean.item<double>() / comm_->size(reduceOver);
 }

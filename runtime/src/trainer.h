@@ -69,6 +69,7 @@ class Trainer {
 
   // Inspection for tests.
   const std::vector<FlatUnit>& units() const { return units_; }
+  const BufferCache& buffers() const { return *buffers_; }
   const std::vector<OuterUnit>& outer() const { return outer_; }
   const Comm& comm() const { return *comm_; }
   int64_t totalSteps() const { return totalSteps_; }
@@ -89,7 +90,12 @@ class Trainer {
   void initOuter();
   double trainStep(int64_t t, bool sync, StepOutcome& out);
   void syncWholeModel(StepOutcome& out);
-  void gatherAll();
+  // ZeRO-3 (flat_units.h): enqueue unit u's all-gather (after its layer-wise sync when
+  // syncFirst) on the communication stream; release its gathered parameters.
+  Pending prepareUnit(size_t u, bool syncFirst, std::vector<UnitSyncResult>* res,
+                      std::vector<double>* syncWork);
+  void releaseUnit(size_t u);
+  void releaseAll();  // after a failed step: no gathered unit, no gradient buffer bound
   double evaluate(int64_t batches, Group reduceOver);
   void injectDelay(int64_t t);
   void corruptIfAsked();
@@ -120,6 +126,9 @@ class Trainer {
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<CommStream> stream_;
   std::vector<FlatUnit> units_;
+  std::unique_ptr<BufferCache> buffers_;  // full-size buffers of gathered units and gradients
+  int prefetchDepth_ = 1;                 // units prepared ahead of the one computing
+  bool reshardAfterForward_ = true;
   std::vector<OuterUnit> outer_;
   std::vector<EwmaDetector> detectors_;
   std::unique_ptr<ShardedAdamW> adam_;

@@ -26,7 +26,7 @@ void Trainer::saveCheckpoint(int64_t id) {
   t["meta/outerReady"] = scalar(outerReady_ ? 1 : 0);
   for (size_t u = 0; u < units_.size(); ++u) {
     const std::string k = "unit" + std::to_string(u) + "/";
-    t[k + "theta"] = units_[u].shardView;
+    t[k + "theta"] = units_[u].slice;
     t[k + "adam_m"] = adam_->m()[u];
     t[k + "adam_v"] = adam_->v()[u];
     t[k + "ewma"] = torch::tensor({detectors_[u].mean, detectors_[u].var,
@@ -102,7 +102,7 @@ bool Trainer::tryResume() {
     outer_.clear();
     for (size_t u = 0; u < units_.size(); ++u) {
       const std::string k = "unit" + std::to_string(u) + "/";
-      units_[u].shardView.copy_(t.at(k + "theta"));
+      units_[u].slice.copy_(t.at(k + "theta"));
       adam_->m()[u].copy_(t.at(k + "adam_m"));
       adam_->v()[u].copy_(t.at(k + "adam_v"));
       auto e = t.at(k + "ewma");

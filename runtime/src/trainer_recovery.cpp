@@ -73,6 +73,7 @@ bool Trainer::recoverInPlace(const PeerLost& e, TrainResult& result) {
   stream_->abort();
   stream_.reset();
   comm_.reset();
+  releaseAll();  // the failed step may have left units gathered
   rendezvous_->rejoin(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
   comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
   stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
@@ -199,7 +200,7 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   }
 
   // Everyone: inner weights := outer weights of `round`, and the clock of that round.
-  for (size_t u = 0; u < units_.size(); ++u) units_[u].shardView.copy_(outer_[u].outer);
+  for (size_t u = 0; u < units_.size(); ++u) units_[u].slice.copy_(outer_[u].outer);
   step_ = step;
   roundStep_ = step;
   skipSyncAt_ = step;  // the round at this step is the one restored

@@ -117,10 +117,14 @@ TEST(ShardedAdamW, MatchesTorchAdamWOnTheSameSlices) {
       // Reference: each unit's slice as two parameters (decay / no decay) split by mask.
       std::vector<torch::Tensor> dec, nodec, masks;
       for (auto& u : units) {
-        auto m = u.decayMask.to(torch::kBool);
+        // Decay mask from the layout (matrices decay, gains do not), cut to this slice.
+        auto full = torch::zeros({u.padded}, torch::kBool);
+        for (const auto& p : u.layout.params)
+          if (p.shape.size() >= 2) full.narrow(0, p.offset, p.numel).fill_(true);
+        auto m = full.narrow(0, shard * u.chunk, u.chunk).clone();
         masks.push_back(m);
-        dec.push_back(u.shardView.masked_select(m).clone().requires_grad_(true));
-        nodec.push_back(u.shardView.masked_select(~m).clone().requires_grad_(true));
+        dec.push_back(u.slice.masked_select(m).clone().requires_grad_(true));
+        nodec.push_back(u.slice.masked_select(~m).clone().requires_grad_(true));
       }
       std::vector<torch::optim::OptimizerParamGroup> groups;
       groups.emplace_back(dec, std::make_unique<torch::optim::AdamWOptions>(
@@ -131,7 +135,7 @@ TEST(ShardedAdamW, MatchesTorchAdamWOnTheSameSlices) {
       for (int step = 0; step < 4; ++step) {
         for (size_t i = 0; i < units.size(); ++i) {
           auto g = torch::randn({units[i].chunk});
-          units[i].gradShard.copy_(g);
+          units[i].gradSlice.copy_(g);
           dec[i].mutable_grad() = g.masked_select(masks[i]);
           nodec[i].mutable_grad() = g.masked_select(~masks[i]);
         }
@@ -139,8 +143,8 @@ TEST(ShardedAdamW, MatchesTorchAdamWOnTheSameSlices) {
         ref.step();
       }
       for (size_t i = 0; i < units.size(); ++i) {
-        EXPECT_TRUE(torch::allclose(units[i].shardView.masked_select(masks[i]), dec[i].detach(), 1e-5, 1e-6));
-        EXPECT_TRUE(torch::allclose(units[i].shardView.masked_select(~masks[i]), nodec[i].detach(), 1e-5, 1e-6));
+        EXPECT_TRUE(torch::allclose(units[i].slice.masked_select(masks[i]), dec[i].detach(), 1e-5, 1e-6));
+        EXPECT_TRUE(torch::allclose(units[i].slice.masked_select(~masks[i]), nodec[i].detach(), 1e-5, 1e-6));
       }
     }
   }
@@ -158,19 +162,63 @@ TEST(LearningRate, WarmupThenCosine) {
   EXPECT_NEAR(learningRate(c, 110, 110), 0.1, 1e-12);
 }
 
-TEST(FlatUnits, ParametersAreViewsOfTheFlatBuffers) {
+TEST(FlatUnits, UnshardedParametersAreViewsOfTheFlatBuffers) {
   ModelShape s{16, 8, 1, 2, 12, 10000.0, 1e-5, 0.02};
-  auto units = buildUnits(s, 2, 1, 3);
+  auto units = buildUnits(s, 1, 0, 3);
   auto& u = units[1];
-  EXPECT_EQ(u.padded % 2, 0);
+  EXPECT_TRUE(u.gathered());
+  EXPECT_EQ(u.slice.data_ptr<float>(), u.full.data_ptr<float>());
   {
     torch::NoGradGuard ng;
     u.full.fill_(0.5);
   }
   for (auto& p : u.params) EXPECT_TRUE(torch::all(p == 0.5).item<bool>());
-  EXPECT_EQ(u.shardView.data_ptr<float>(), u.full.data_ptr<float>() + u.chunk);
-  // Gradients accumulate into the flat grad buffer.
+  // Gradients accumulate into the flat gradient slice (the whole unit with one shard).
   (u.params[1].sum() * 2).backward();
-  EXPECT_DOUBLE_EQ(u.grad.narrow(0, u.layout.params[1].offset, u.layout.params[1].numel).sum().item<double>(),
+  EXPECT_DOUBLE_EQ(u.gradSlice.narrow(0, u.layout.params[1].offset, u.layout.params[1].numel).sum().item<double>(),
                    2.0 * u.layout.params[1].numel);
+}
+
+TEST(FlatUnits, ShardedParametersHoldMemoryOnlyWhileGathered) {
+  ModelShape s{16, 8, 1, 2, 12, 10000.0, 1e-5, 0.02};
+  auto units = buildUnits(s, 2, 1, 3);
+  auto& u = units[1];
+  EXPECT_EQ(u.padded % 2, 0);
+  EXPECT_EQ(u.slice.numel(), u.chunk);
+  EXPECT_FALSE(u.gathered());
+  EXPECT_EQ(u.full.storage().nbytes(), 0u);
+  auto w = u.layout.params[1];  // a matrix
+
+  auto a = torch::full({u.padded}, 0.5);
+  attachFull(u, a);
+  EXPECT_EQ(u.full.storage().nbytes(), static_cast<size_t>(u.padded) * 4);
+  for (auto& p : u.params) EXPECT_TRUE(torch::all(p == 0.5).item<bool>());
+  // A graph built on the gathered values saves the weight for its backward...
+  auto y = (u.params[1] * u.params[1]).sum();
+  auto back = detachFull(u);
+  EXPECT_TRUE(back.is_same(a));
+  EXPECT_EQ(u.full.storage().nbytes(), 0u);
+  // ...and sees the memory attached for the backward (the re-gather), not the old one.
+  attachFull(u, torch::full({u.padded}, 0.25));
+  auto g = torch::zeros({u.padded});
+  u.bindGrads(g);
+  y.backward();
+  EXPECT_TRUE(torch::all(g.narrow(0, w.offset, w.numel) == 0.5).item<bool>());  // d(w^2)/dw = 2w
+  EXPECT_EQ(g.narrow(0, 0, w.offset).abs().sum().item<double>(), 0.0);
+  u.unbindGrads();
+  EXPECT_FALSE(u.params[1].grad().defined());
+  detachFull(u);
+}
+
+TEST(FlatUnits, BufferCacheReusesAndBoundsWhatItKeeps) {
+  BufferCache cache(torch::TensorOptions().dtype(torch::kFloat32), 1);
+  auto a = cache.take(100), b = cache.take(100);
+  EXPECT_EQ(cache.liveBytes(), 800);
+  void* pa = a.data_ptr();
+  cache.give(a);
+  cache.give(b);  // over the limit of one per size: freed
+  EXPECT_EQ(cache.liveBytes(), 0);
+  EXPECT_EQ(cache.cachedBytes(), 400);
+  EXPECT_EQ(cache.peakLiveBytes(), 800);
+  EXPECT_EQ(cache.take(100).data_ptr(), pa);
 }

@@ -200,25 +200,31 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
 struct Case {
   std::string mode;
   int M, N;
+  bool reshard = true;   // runtime.reshardAfterForward (ZeRO-3) or not (ZeRO-2)
+  bool prefetch = true;
 };
 // gtest prints parameters with PrintTo (else as raw bytes in ctest's listing).
-void PrintTo(const Case& c, std::ostream* os) { *os << c.mode << " M=" << c.M << " N=" << c.N; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.mode << " M=" << c.M << " N=" << c.N << (c.reshard ? "" : " zero2") << (c.prefetch ? "" : " noprefetch");
+}
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, ShardedRunMatchesSingleProcessReference) {
   at::set_num_threads(1);
-  const auto [mode, M, N] = GetParam();
+  const auto [mode, M, N, reshard, prefetch] = GetParam();
   const auto dir = test::tempDir("edit-equiv");
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 7));
   c.algorithm.mode = mode;
+  c.runtime.reshardAfterForward = reshard;
+  c.algorithm.prefetch = prefetch;
   const int port = test::freePort();
   std::vector<std::vector<torch::Tensor>> shards(M * N);
   std::vector<std::vector<torch::Tensor>> outers(M * N);
   test::runRanks(M * N, [&](int r) {
     Trainer tr(c, test::meshFor(r, M, N, port));
     tr.run();
-    for (auto& u : tr.units()) shards[r].push_back(u.shardView.clone());
+    for (auto& u : tr.units()) shards[r].push_back(u.slice.clone());
     for (auto& o : tr.outer()) outers[r].push_back(o.outer.clone());
   });
   const auto ref = reference(c, M, N);
@@ -249,10 +255,13 @@ TEST_P(Equivalence, ShardedRunMatchesSingleProcessReference) {
 INSTANTIATE_TEST_SUITE_P(Modes, Equivalence,
                          ::testing::Values(Case{"edit", 2, 2}, Case{"ddp", 2, 2},
                                            Case{"diloco", 2, 1}, Case{"localsgd", 2, 2},
-                                           Case{"edit", 4, 1}, Case{"edit", 1, 3}),
+                                           Case{"edit", 4, 1}, Case{"edit", 1, 3},
+                                           Case{"edit", 2, 2, false}, Case{"ddp", 1, 3, false},
+                                           Case{"edit", 2, 2, true, false}),
                          [](const auto& info) {
                            auto n = info.param.mode + "_M" + std::to_string(info.param.M) + "_N" +
-                                    std::to_string(info.param.N);
+                                    std::to_string(info.param.N) + (info.param.reshard ? "" : "_zero2") +
+                                    (info.param.prefetch ? "" : "_noprefetch");
                            for (auto& ch : n)
                              if (ch == '-') ch = '_';
                            return n;

@@ -25,7 +25,7 @@ std::vector<std::vector<torch::Tensor>> train(const Config& c, int M, int N,
     Trainer tr(c, test::meshFor(r, M, N, port), h);
     self = &tr;
     res[r] = tr.run();
-    for (auto& u : tr.units()) out[r].push_back(u.shardView.clone());
+    for (auto& u : tr.units()) out[r].push_back(u.slice.clone());
   });
   if (results) *results = res;
   return out;

@@ -148,7 +148,8 @@ struct Worker {
 
 std::string human(double v) {
   char b[32];
-  if (v >= 1e6) std::snprintf(b, sizeof(b), "%.2fM", v / 1e6);
+  if (v >= 1e9) std::snprintf(b, sizeof(b), "%.2fG", v / 1e9);
+  else if (v >= 1e6) std::snprintf(b, sizeof(b), "%.2fM", v / 1e6);
   else if (v >= 1e3) std::snprintf(b, sizeof(b), "%.1fk", v / 1e3);
   else std::snprintf(b, sizeof(b), "%.0f", v);
   return b;
@@ -195,8 +196,8 @@ void progressLine(const std::vector<Worker>& ws) {
 }
 
 void summary(const std::vector<Worker>& ws, double wall) {
-  std::printf("\n%-5s %-7s %-5s %7s %9s %10s %6s %9s %10s\n", "rank", "replica", "shard", "steps",
-              "loss", "tok/s", "syncs", "anomalies", "comm wait");
+  std::printf("\n%-5s %-7s %-5s %7s %9s %10s %6s %9s %10s %9s\n", "rank", "replica", "shard", "steps",
+              "loss", "tok/s", "syncs", "anomalies", "comm wait", "peak RSS");
   double tps = 0, val = -1;
   uint64_t tokens = 0;
   for (const auto& w : ws) {
@@ -208,13 +209,14 @@ void summary(const std::vector<Worker>& ws, double wall) {
     const double secs = s["seconds"].get<double>();
     char loss[32] = "-";  // null: no step in this run
     if (s["loss"].is_number()) std::snprintf(loss, sizeof(loss), "%.4f", num(s["loss"]));
-    std::printf("%-5d %-7d %-5d %7lld %9s %10s %6llu %9llu %9.1f%%\n", w.rank,
+    std::printf("%-5d %-7d %-5d %7lld %9s %10s %6llu %9llu %9.1f%% %8sB\n", w.rank,
                 s["replica"].get<int>(), s["shard"].get<int>(),
                 static_cast<long long>(s["steps"].get<int64_t>()), loss,
                 human(s["tps"].get<double>()).c_str(),
                 static_cast<unsigned long long>(s["sync_rounds"].get<uint64_t>()),
                 static_cast<unsigned long long>(s["anomalies"].get<uint64_t>()),
-                100.0 * s["comm_wait"].get<double>() / std::max(1e-9, secs));
+                100.0 * s["comm_wait"].get<double>() / std::max(1e-9, secs),
+                human(s.value("peak_rss_bytes", 0.0)).c_str());
     tps += s["tps"].get<double>();
     tokens += s["tokens"].get<uint64_t>();
     val = s["val_loss"].is_number() ? s["val_loss"].get<double>() : -1;

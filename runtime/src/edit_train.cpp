@@ -5,6 +5,7 @@
 // stdout carries machine-readable lines for edit-run:  "@edit {json}" every logEvery
 // steps and "@edit-summary {json}" at the end. Human-readable logs go to stderr.
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
 
 #include <dlfcn.h>
 
@@ -22,6 +23,14 @@
 
 using namespace edit;
 using nlohmann::json;
+
+// Peak resident memory of this process (what the kernel's OOM killer and a pod's memory
+// limit see), from getrusage.
+static int64_t peakRssBytes() {
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
 
 namespace {
 
@@ -170,7 +179,7 @@ int main(int argc, char** argv) {
               {"comm_wait", wait}, {"resumed_from", res.resumedFrom},
               {"stopped", res.stopped}, {"joined", res.joined}, {"recoveries", res.recoveries},
               {"recovery_seconds", res.recoverySeconds}, {"steps_rolled_back", res.stepsRolledBack},
-              {"comm", comm}};
+              {"comm", comm}, {"peak_rss_bytes", peakRssBytes()}};
     std::cout << "@edit-summary " << s.dump() << std::endl;
     return res.stopped ? kExitTerminated : kExitOk;
   } catch (const ConfigError& e) {

@@ -88,16 +88,21 @@ std::vector<FlatUnit> buildUnits(const ModelShape& s, int shards, int shard, uin
     u.chunk = (u.layout.numel + shards - 1) / shards;
     u.padded = u.chunk * shards;
     // Made at full size once so the parameter views can be created (views check bounds
-    // against the storage); with N > 1 the memory is dropped right after.
-    u.full = torch::zeros({u.padded}, opts);
-    const auto init = initialUnitValues(u.layout, u.index, seed);
+    // against the storage). With N > 1 it is never written, so its pages are never
+    // resident, and the memory is dropped right after.
     const int64_t lo = shard * u.chunk;
     if (u.sharded()) {
+      u.full = torch::empty({u.padded}, opts);
+      // Initial values are drawn for the whole unit (the same stream on every rank), on
+      // the host, one unit at a time.
+      const auto init = initialUnitValues(u.layout, u.index, seed);
       u.slice = torch::zeros({u.chunk}, opts);
       const int64_t n = std::max<int64_t>(0, std::min(u.chunk, u.layout.numel - lo));
       if (n > 0) u.slice.narrow(0, 0, n).copy_(init.narrow(0, lo, n));
     } else {
-      u.full.narrow(0, 0, u.layout.numel).copy_(init);
+      u.full = torch::zeros({u.padded}, torch::kFloat32);
+      fillInitialUnitValues(u.layout, u.index, seed, u.full);
+      u.full = u.full.to(device);
       u.slice = u.full;
     }
     u.gradSlice = torch::zeros({u.chunk}, opts);

@@ -67,8 +67,14 @@ double flopsPerToken(const ModelShape& s, int64_t seqLen) {
 }
 
 torch::Tensor initialUnitValues(const UnitLayout& u, int index, uint64_t seed) {
-  auto gen = at::detail::createCPUGenerator(data::mix64(seed ^ data::mix64(index + 1)));
   auto flat = torch::empty({u.numel}, torch::kFloat32);
+  fillInitialUnitValues(u, index, seed, flat);
+  return flat;
+}
+
+void fillInitialUnitValues(const UnitLayout& u, int index, uint64_t seed, torch::Tensor flat) {
+  torch::NoGradGuard ng;
+  auto gen = at::detail::createCPUGenerator(data::mix64(seed ^ data::mix64(index + 1)));
   for (const auto& p : u.params) {
     auto view = flat.narrow(0, p.offset, p.numel);
     if (p.initStd == 0) {
@@ -77,7 +83,6 @@ torch::Tensor initialUnitValues(const UnitLayout& u, int index, uint64_t seed) {
       view.normal_(0.0, p.initStd, gen);
     }
   }
-  return flat;
 }
 
 std::vector<torch::Tensor> parameterViews(const UnitLayout& u, const torch::Tensor& flat) {

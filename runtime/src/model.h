@@ -48,6 +48,8 @@ double flopsPerToken(const ModelShape& s, int64_t seqLen);
 
 // Deterministic initial values of unit `index` (independent of sharding and rank).
 torch::Tensor initialUnitValues(const UnitLayout& u, int index, uint64_t seed);
+// The same, written into the first u.numel values of `flat` (no temporary).
+void fillInitialUnitValues(const UnitLayout& u, int index, uint64_t seed, torch::Tensor flat);
 
 // Views of each parameter inside `flat` (which holds at least u.numel values).
 std::vector<torch::Tensor> parameterViews(const UnitLayout& u, const torch::Tensor& flat);

@@ -1,5 +1,6 @@
 #include "optim.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace edit {
@@ -12,6 +13,8 @@ ShardedAdamW::ShardedAdamW(const TrainingConfig& cfg, const std::vector<FlatUnit
   }
 }
 
+static constexpr int64_t kBlock = 1 << 16;
+
 void ShardedAdamW::step(std::vector<FlatUnit>& units, double lr) {
   torch::NoGradGuard ng;
   ++t_;
@@ -22,10 +25,17 @@ void ShardedAdamW::step(std::vector<FlatUnit>& units, double lr) {
     const auto& g = units[i].gradSlice;
     if (wd_ != 0)
       for (const auto& [start, len] : units[i].decayRanges) p.narrow(0, start, len).mul_(1 - lr * wd_);
-    m_[i].mul_(beta1_).add_(g, 1 - beta1_);
-    v_[i].mul_(beta2_).addcmul_(g, g, 1 - beta2_);
-    auto denom = (v_[i].sqrt() / std::sqrt(bc2)).add_(eps_);
-    p.addcdiv_(m_[i], denom, -lr / bc1);
+    // In blocks: the temporary stays small (and in cache) however large the unit.
+    const int64_t n = p.numel();
+    for (int64_t lo = 0; lo < n; lo += kBlock) {
+      const int64_t len = std::min(kBlock, n - lo);
+      auto pb = p.narrow(0, lo, len), gb = g.narrow(0, lo, len);
+      auto mb = m_[i].narrow(0, lo, len), vb = v_[i].narrow(0, lo, len);
+      mb.mul_(beta1_).add_(gb, 1 - beta1_);
+      vb.mul_(beta2_).addcmul_(gb, gb, 1 - beta2_);
+      auto denom = vb.sqrt().div_(std::sqrt(bc2)).add_(eps_);
+      pb.addcdiv_(mb, denom, -lr / bc1);
+    }
   }
 }
 

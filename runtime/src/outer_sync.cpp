@@ -27,7 +27,7 @@ SyncSettings syncSettingsFor(const AlgorithmConfig& a) {
   return s;
 }
 
-void outerStep(torch::Tensor& outer, torch::Tensor& momentum, const torch::Tensor& grad,
+void outerStep(torch::Tensor& outer, torch::Tensor& momentum, torch::Tensor& grad,
                double lr, double mu, bool nesterov) {
   if (mu == 0) {
     outer.sub_(grad, lr);
@@ -35,7 +35,7 @@ void outerStep(torch::Tensor& outer, torch::Tensor& momentum, const torch::Tenso
   }
   momentum.mul_(mu).add_(grad);
   if (nesterov) {
-    outer.sub_(grad + mu * momentum, lr);
+    outer.sub_(grad.add_(momentum, mu), lr);  // grad is scratch: no temporary
   } else {
     outer.sub_(momentum, lr);
   }
@@ -44,7 +44,7 @@ void outerStep(torch::Tensor& outer, torch::Tensor& momentum, const torch::Tenso
 static double completeNorm(Comm& comm, const torch::Tensor& local) {
   // Squared norm of the local slice, summed over the shard group. A NaN/Inf anywhere
   // makes the sum non-finite on every rank of the group, so all agree it is an anomaly.
-  auto sq = torch::full({1}, (local * local).sum().item<double>(), torch::kFloat64);
+  auto sq = torch::full({1}, local.dot(local).item<double>(), torch::kFloat64);
   comm.allreduce(Group::Shard, sq);
   return std::sqrt(sq.item<double>());
 }
@@ -55,7 +55,9 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& 
   const bool offloaded = o.outer.device() != unit.slice.device();
   auto outer = offloaded ? o.outer.to(unit.slice.device(), true) : o.outer;
   auto momentum = offloaded ? o.momentum.to(unit.slice.device(), true) : o.momentum;
-  auto D = outer - unit.slice;  // 1. pseudo-gradient
+  // 1. pseudo-gradient, written into the gradient slice: the gradient is dead between
+  // the inner step and the next backward, and this saves a [chunk] buffer per unit.
+  auto D = torch::sub_out(unit.gradSlice, outer, unit.slice);
   r.norm = completeNorm(comm, D);     // 2. norm of the replica's whole unit
 
   // 3. anomaly elimination (non-finite is always an anomaly, even with the test off).

@@ -47,7 +47,8 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& outer, EwmaDetect
 
 // The outer optimizer step alone: SGD with (Nesterov) momentum, dampening 0, like
 // torch.optim.SGD. Exposed for tests.
-void outerStep(torch::Tensor& outer, torch::Tensor& momentum, const torch::Tensor& grad,
+// Overwrites `grad` (scratch).
+void outerStep(torch::Tensor& outer, torch::Tensor& momentum, torch::Tensor& grad,
                double lr, double mu, bool nesterov);
 
 }  // namespace edit

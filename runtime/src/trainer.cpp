@@ -266,9 +266,6 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   auto tokens = torch::from_blob(inputs_.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
   auto targets = torch::from_blob(targets_.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
 
-  if (!sharded)
-    for (auto& u : units_) u.gradSlice.zero_();  // the parameters' .grad are views of it
-
   // Forward, unit by unit: wait for unit u's preparation (layer-wise sync on a sync step,
   // then the all-gather), keep `depth` units prepared ahead, and release unit u's
   // parameters once its forward is done (ZeRO-3; not the last unit, whose backward comes
@@ -327,6 +324,10 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
     });
   };
   const bool reduce = sharded || averageReplicas;
+  // Unsharded, the parameters' .grad are views of gradSlice; it was the sync's scratch
+  // during the forward.
+  if (!sharded)
+    for (auto& u : units_) u.gradSlice.zero_();
   for (size_t u = U; u-- > 0;) {
     if (u + 1 < U) {
       for (size_t k = 0; k <= depth && k <= u; ++k) ensureBack(u - k);

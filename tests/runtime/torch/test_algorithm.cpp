@@ -98,7 +98,8 @@ TEST(OuterStep, MatchesTorchSgdNesterov) {
     torch::optim::SGD sgd({ref}, torch::optim::SGDOptions(0.7).momentum(0.8).nesterov(nesterov));
     for (int i = 0; i < 5; ++i) {
       auto g = torch::randn({10});
-      outerStep(p, mom, g, 0.7, 0.8, nesterov);
+      auto scratch = g.clone();  // outerStep overwrites its gradient argument
+      outerStep(p, mom, scratch, 0.7, 0.8, nesterov);
       ref.mutable_grad() = g.clone();
       sgd.step();
       ASSERT_TRUE(torch::allclose(p, ref.detach(), 1e-6, 1e-6)) << "nesterov=" << nesterov << " i=" << i;

@@ -1,8 +1,10 @@
 #include "hf_export.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -383,6 +385,22 @@ bool within(const fs::path& inner, const fs::path& outer) {
   return true;
 }
 
+// A killed export leaves ".NAME.export-tmp-PID" (or "-old-PID") next to NAME; remove the
+// ones whose process is gone, so repeated attempts (a retried pod) do not pile them up.
+void removeStaleSiblings(const fs::path& parent, const std::string& name) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string n = e.path().filename().string();
+    for (const std::string prefix : {"." + name + ".export-tmp-", "." + name + ".export-old-"}) {
+      if (n.rfind(prefix, 0) != 0) continue;
+      const std::string pid = n.substr(prefix.size());
+      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      const long p = std::stol(pid);
+      if (p != ::getpid() && ::kill(static_cast<pid_t>(p), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+    }
+  }
+}
+
 }  // namespace
 
 ExportResult exportModel(const Model& m, const ExportOptions& o) {
@@ -405,6 +423,7 @@ ExportResult exportModel(const Model& m, const ExportOptions& o) {
   const std::string pid = std::to_string(::getpid());
   const fs::path tmp = parent / ("." + out.filename().string() + ".export-tmp-" + pid);
   const fs::path old = parent / ("." + out.filename().string() + ".export-old-" + pid);
+  removeStaleSiblings(parent, out.filename().string());
   fs::remove_all(tmp);
   fs::create_directory(tmp);
   ExportResult res;

@@ -15,6 +15,7 @@
 #include <sched.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <thread>
@@ -58,10 +59,12 @@ const char* kUsage =
     "                    validation uses (every rank's stream)\n"
     "  --val FILE, --batch-size B, --seq-len T, --seed S, --streams W, --batches K\n"
     "                    validation data and batches (default: the training configuration)\n"
-    "  --threads N       intra-op threads (default: the CPUs this process may use)\n";
+    "  --threads N       intra-op threads (default: the CPUs this process may use)\n"
+    "  --report FILE     also write the result (or {\"error\": ...}) as JSON to FILE, e.g.\n"
+    "                    /dev/termination-log, where Kubernetes shows it in the pod status\n";
 
 struct Options {
-  std::string checkpoint, model, out, logits, val;
+  std::string checkpoint, model, out, logits, val, report;
   hf::Source src;
   bool bf16 = false, force = false, eval = false;
   int threads = 0;
@@ -114,6 +117,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--seq-len") o.seqLen = number(a, next(), 1);
     else if (a == "--batches") o.batches = number(a, next(), 1);
     else if (a == "--streams") o.streams = number(a, next(), 1);
+    else if (a == "--report") o.report = next();
     else if (a == "--threads") o.threads = static_cast<int>(number(a, next(), 1));
     else if (a == "--seed") o.seed = static_cast<uint64_t>(number(a, next(), 0));
     else throw UsageError("unknown argument \"" + a + "\"");
@@ -134,6 +138,14 @@ int worldOf(const hf::Model& m) {
   int M = 1, N = 1;
   if (std::sscanf(it->second.c_str(), "%dx%d", &M, &N) != 2 || M < 1 || N < 1) return 1;
   return M * N;
+}
+
+// Best effort: the report is a convenience for the caller, never the reason to fail.
+void writeReport(const std::string& path, const json& j) {
+  if (path.empty()) return;
+  std::ofstream f(path, std::ios::trunc);
+  f << j.dump() << "\n";
+  if (!f) std::cerr << "edit-export: cannot write the report to " << path << "\n";
 }
 
 int run(const Options& o) {
@@ -194,6 +206,7 @@ int run(const Options& o) {
     report["val_loss"] = loss;
   }
   std::cout << "@edit-export " << report.dump() << std::endl;
+  writeReport(o.report, report);
   return 0;
 }
 
@@ -218,21 +231,25 @@ int main(int argc, char** argv) {
   at::set_num_threads(threads);
   if (auto* setBlasThreads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
     setBlasThreads(threads);
+  std::string error;
+  int code = kExitRefused;
   try {
     return run(o);
   } catch (const hf::ExportError& e) {
-    std::cerr << "edit-export: refused: " << e.what() << "\n";
+    error = std::string("refused: ") + e.what();
   } catch (const CheckpointError& e) {
-    std::cerr << "edit-export: refused: " << e.what() << "\n";
+    error = std::string("refused: ") + e.what();
   } catch (const st::FormatError& e) {
-    std::cerr << "edit-export: refused: " << e.what() << "\n";
+    error = std::string("refused: ") + e.what();
   } catch (const ConfigError& e) {
-    std::cerr << "edit-export: refused: invalid configuration: " << e.what() << "\n";
+    error = std::string("refused: invalid configuration: ") + e.what();
   } catch (const data::DataError& e) {
-    std::cerr << "edit-export: refused: invalid data: " << e.what() << "\n";
+    error = std::string("refused: invalid data: ") + e.what();
   } catch (const std::exception& e) {
-    std::cerr << "edit-export: error: " << e.what() << "\n";
-    return 1;
+    error = std::string("error: ") + e.what();
+    code = 1;
   }
-  return kExitRefused;
+  std::cerr << "edit-export: " << error << "\n";
+  writeReport(o.report, {{"error", error}, {"exit_code", code}});
+  return code;
 }

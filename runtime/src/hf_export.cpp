@@ -260,6 +260,9 @@ Model loadCheckpoint(const Source& src, const std::function<void(const std::stri
   }
   const Manifest man = readManifest(stepDir);
   const std::string manifestPath = (fs::path(stepDir) / "MANIFEST").string();
+  if (src.step >= 0 && man.step != src.step)
+    throw ExportError(stepDir + " is the checkpoint of step " + std::to_string(man.step) + ", not --step " +
+                      std::to_string(src.step) + " (pass checkpoint.dir with --step, or the step directory alone)");
 
   Model m;
   try {

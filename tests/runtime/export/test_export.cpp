@@ -500,6 +500,8 @@ TEST(ExportCheckpoint, GathersOuterWeightsOrOneReplicasShards) {
   hf::Source one;
   one.checkpoint = c.stepDir(20);
   expectUnits(hf::loadCheckpoint(one), c.outer);
+  one.step = 10;
+  EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(one), "is the checkpoint of step 20, not --step 10");
   hf::Source missing;
   missing.checkpoint = c.root;
   missing.step = 15;

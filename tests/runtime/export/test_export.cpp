@@ -1,0 +1,693 @@
+// edit-export's pieces: the safetensors header (alignment, dtype names, offsets), the
+// BF16 rounding, the reader's refusals, the Hugging Face name table, gathering a
+// synthetic M x N checkpoint, and the refusals of the export itself.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+
+#include "checkpoint.h"
+#include "hf_export.h"
+#include "safetensors.h"
+
+using namespace edit;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string tempDir(const std::string& name) {
+  static int counter = 0;
+  auto d = fs::temp_directory_path() /
+           (name + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void spit(const std::string& path, const std::string& s) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << s;
+}
+
+// Runs f and returns the message of the exception of type E it must throw.
+template <typename E, typename F>
+std::string errorOf(F f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no exception thrown";
+  return "";
+}
+
+#define EXPECT_ERROR(E, expr, needle)                                   \
+  do {                                                                  \
+    const std::string msg_ = errorOf<E>([&] { (void)(expr); });         \
+    EXPECT_NE(msg_.find(needle), std::string::npos) << "message: " << msg_; \
+  } while (0)
+
+// Round to nearest even, written out on the bits: the rule torch's BFloat16 conversion
+// must follow for the exported bytes to be what a reader expects.
+uint16_t bf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x40);
+  const uint32_t lsb = (u >> 16) & 1u;
+  return static_cast<uint16_t>((u + 0x7fffu + lsb) >> 16);
+}
+
+// An 8-byte length, the header text, then `data`.
+std::string fileWith(const std::string& header, const std::string& data) {
+  uint64_t n = header.size();
+  return std::string(reinterpret_cast<const char*>(&n), 8) + header + data;
+}
+
+}  // namespace
+
+// ---- safetensors ----
+
+TEST(Safetensors, HeaderIsAlignedAndTensorsTileTheData) {
+  const auto dir = tempDir("edit-st");
+  const auto f32 = torch::randn({2, 3});
+  const auto odd = torch::randn({5});  // 10 bytes as BF16: would misalign what follows
+  const auto i64 = torch::arange(3, torch::kInt64);
+  const auto scalar = torch::tensor(1.5f).reshape({});
+  std::vector<st::Item> items = {{"b.odd", odd, st::DType::BF16},
+                                 {"a.f32", f32, st::DType::F32},
+                                 {"c.i64", i64, st::DType::I64},
+                                 {"d.scalar", scalar, st::DType::F32}};
+  const std::string path = dir + "/x.safetensors";
+  const uint64_t size = st::writeFile(path, items, {{"format", "pt"}, {"k", "v"}});
+  const std::string bytes = slurp(path);
+  ASSERT_EQ(bytes.size(), size);
+
+  // Parsed here with a JSON library directly, not with the module's reader.
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ(n % 8, 0u) << "data section must start 8-byte aligned";
+  const std::string text = bytes.substr(8, n);
+  const auto close = text.find_last_of('}');
+  EXPECT_EQ(text.find_first_not_of(' ', close + 1), std::string::npos) << "padding must be spaces";
+  const json h = json::parse(text);
+  EXPECT_EQ(h["__metadata__"], json({{"format", "pt"}, {"k", "v"}}));
+  EXPECT_EQ(h["a.f32"]["dtype"], "F32");
+  EXPECT_EQ(h["b.odd"]["dtype"], "BF16");
+  EXPECT_EQ(h["c.i64"]["dtype"], "I64");
+  EXPECT_EQ(h["a.f32"]["shape"], json({2, 3}));
+  EXPECT_EQ(h["d.scalar"]["shape"], json::array());
+  // Larger elements first: I64, then the F32s in the caller's order, then BF16.
+  EXPECT_EQ(h["c.i64"]["data_offsets"], json({0, 24}));
+  EXPECT_EQ(h["a.f32"]["data_offsets"], json({24, 48}));
+  EXPECT_EQ(h["d.scalar"]["data_offsets"], json({48, 52}));
+  EXPECT_EQ(h["b.odd"]["data_offsets"], json({52, 62}));
+  EXPECT_EQ(bytes.size(), 8 + n + 62);
+  for (const auto& [name, e] : h.items()) {
+    if (name == "__metadata__") continue;
+    const uint64_t begin = e["data_offsets"][0];
+    const uint64_t elem = e["dtype"] == "I64" ? 8 : e["dtype"] == "F32" ? 4 : 2;
+    EXPECT_EQ((8 + n + begin) % elem, 0u) << name << " is not aligned to its element size in the file";
+  }
+  const char* data = bytes.data() + 8 + n;
+  EXPECT_EQ(std::memcmp(data + 0, i64.data_ptr(), 24), 0);
+  EXPECT_EQ(std::memcmp(data + 24, f32.data_ptr(), 24), 0);
+  EXPECT_EQ(std::memcmp(data + 48, scalar.data_ptr(), 4), 0);
+  for (int i = 0; i < 5; ++i) {
+    uint16_t got;
+    std::memcpy(&got, data + 52 + 2 * i, 2);
+    EXPECT_EQ(got, bf16Bits(odd[i].item<float>())) << i;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Safetensors, Bf16RoundsToNearestEven) {
+  const auto dir = tempDir("edit-st");
+  auto fromBits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  // Ties both ways, just above/below a tie, signs, a subnormal, the largest finite float
+  // (rounds to Inf), infinities, and random values.
+  std::vector<float> v = {fromBits(0x3f808000), fromBits(0x3f818000), fromBits(0x3f808001), fromBits(0x3f807fff),
+                          -1.0f, fromBits(0x80018000), fromBits(0x7f7fffff), INFINITY, -INFINITY, 0.0f, -0.0f};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0, 3);
+  for (int i = 0; i < 200; ++i) v.push_back(nd(rng));
+  const auto t = torch::tensor(v);
+  const std::string path = dir + "/b.safetensors";
+  st::writeFile(path, {{"t", t, st::DType::BF16}}, {});
+  const std::string bytes = slurp(path);
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  ASSERT_EQ(bytes.size(), 8 + n + 2 * v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint16_t got;
+    std::memcpy(&got, bytes.data() + 8 + n + 2 * i, 2);
+    EXPECT_EQ(got, bf16Bits(v[i])) << "value " << i << " = " << v[i];
+  }
+  EXPECT_EQ(bf16Bits(fromBits(0x3f808000)), 0x3f80);  // the helper itself: tie to even
+  EXPECT_EQ(bf16Bits(fromBits(0x3f818000)), 0x3f82);
+  fs::remove_all(dir);
+}
+
+TEST(Safetensors, ReadBackIsExactAndLeavesNoTemporaryFile) {
+  const auto dir = tempDir("edit-st");
+  const auto a = torch::randn({4, 7});
+  const auto b = torch::randn({3});
+  st::writeFile(dir + "/m.safetensors", {{"a", a, st::DType::F32}, {"b", b, st::DType::BF16}}, {{"x", "y"}});
+  std::map<std::string, torch::Tensor> back;
+  const auto h = st::readFile(dir + "/m.safetensors", back);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_TRUE(torch::equal(back.at("a"), a));
+  EXPECT_EQ(back.at("b").scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(back.at("b"), b.to(torch::kBFloat16)));
+  EXPECT_EQ(h.metadata.at("x"), "y");
+  int files = 0;
+  for (auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+  fs::remove_all(dir);
+}
+
+TEST(Safetensors, WriterRefusesBadNamesAndConversions) {
+  const auto t = torch::zeros({2});
+  EXPECT_ERROR(st::FormatError, st::buildHeader({{"a", t, st::DType::F32}, {"a", t, st::DType::F32}}, {}),
+               "duplicate tensor name a");
+  EXPECT_ERROR(st::FormatError, st::buildHeader({{"__metadata__", t, st::DType::F32}}, {}), "invalid tensor name");
+  EXPECT_ERROR(st::FormatError, st::buildHeader({{"", t, st::DType::F32}}, {}), "invalid tensor name");
+  const auto dir = tempDir("edit-st");
+  EXPECT_ERROR(st::FormatError, st::writeFile(dir + "/f", {{"x", t, st::DType::I64}}, {}), "cannot store");
+  EXPECT_FALSE(fs::exists(dir + "/f"));
+  EXPECT_TRUE(fs::is_empty(dir)) << "a failed write must not leave its temporary file";
+  fs::remove_all(dir);
+}
+
+TEST(Safetensors, ReaderRefusesMalformedFiles) {
+  auto parse = [](const std::string& file) { return st::parseHeader(file, file.size(), "f.safetensors"); };
+  const std::string ok = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  EXPECT_NO_THROW(parse(fileWith(ok, std::string(8, '\0'))));
+  EXPECT_ERROR(st::FormatError, parse("abc"), "shorter than the 8-byte");
+  {
+    std::string f = fileWith(ok, std::string(8, '\0'));
+    uint64_t huge = 1000;
+    std::memcpy(f.data(), &huge, 8);
+    EXPECT_ERROR(st::FormatError, parse(f), "runs past the end");
+    huge = 200'000'000;
+    std::memcpy(f.data(), &huge, 8);
+    EXPECT_ERROR(st::FormatError, parse(f), "exceeds 100 MB");
+  }
+  EXPECT_ERROR(st::FormatError, parse(fileWith("{\"a\":", "")), "not valid JSON");
+  EXPECT_ERROR(st::FormatError, parse(fileWith("[1,2]", "")), "not a JSON object");
+  EXPECT_ERROR(st::FormatError,
+               parse(fileWith(R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", std::string(2, 0))),
+               "unsupported dtype");
+  EXPECT_ERROR(st::FormatError,
+               parse(fileWith(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, 0))),
+               "do not hold 3 F32 values");
+  EXPECT_ERROR(st::FormatError,
+               parse(fileWith(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,8]}})", std::string(8, 0))),
+               "shape holds -1");
+  EXPECT_ERROR(st::FormatError,
+               parse(fileWith(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", std::string(8, 0))),
+               "do not hold");
+  EXPECT_ERROR(st::FormatError, parse(fileWith(R"({"a":{"dtype":"F32","shape":[2]}})", std::string(8, 0))),
+               "needs dtype, shape and data_offsets");
+  // A gap, an overlap, trailing bytes, a truncated data section.
+  EXPECT_ERROR(st::FormatError,
+               parse(fileWith(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, 0))),
+               "without gaps or overlaps");
+  EXPECT_ERROR(st::FormatError,
+               parse(fileWith(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                              R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                              std::string(8, 0))),
+               "without gaps or overlaps");
+  EXPECT_ERROR(st::FormatError, parse(fileWith(ok, std::string(12, '\0'))), "trailing bytes");
+  EXPECT_ERROR(st::FormatError, parse(fileWith(ok, std::string(4, '\0'))), "truncated");
+  EXPECT_ERROR(st::FormatError, parse(fileWith(R"({"__metadata__":{"k":1}})", "")), "is not a string");
+  // Whole files: a missing one, and the reader names the file.
+  std::map<std::string, torch::Tensor> none;
+  EXPECT_ERROR(st::FormatError, st::readFile("/nonexistent/x.safetensors", none), "/nonexistent/x.safetensors");
+}
+
+// ---- Hugging Face names ----
+
+namespace {
+ModelShape smallShape(int64_t layers = 2) {
+  ModelShape s{};
+  s.vocab = 19;
+  s.dim = 8;
+  s.layers = layers;
+  s.heads = 2;
+  s.ffn = 12;
+  s.ropeTheta = 10000;
+  s.normEps = 1e-5;
+  s.initStd = 0.02;
+  return s;
+}
+
+UnitLayout unitOf(const std::string& name, UnitKind kind,
+                  std::vector<std::pair<std::string, std::vector<int64_t>>> params) {
+  UnitLayout u{name, kind, {}, 0};
+  for (auto& [n, shape] : params) {
+    ParamSpec p;
+    p.name = n;
+    p.shape = shape;
+    p.numel = 1;
+    for (auto d : shape) p.numel *= d;
+    p.offset = u.numel;
+    u.numel += p.numel;
+    u.params.push_back(p);
+  }
+  return u;
+}
+}  // namespace
+
+TEST(HfNames, EveryParameterOfTheLayoutHasItsLlamaName) {
+  const auto s = smallShape(2);
+  const auto layout = modelLayout(s);
+  const auto t = hf::hfTensors(layout, s);
+  // Written out from transformers' LlamaForCausalLM state_dict, in forward order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> want = {{"model.embed_tokens.weight", {19, 8}}};
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    want.push_back({p + "input_layernorm.weight", {8}});
+    want.push_back({p + "self_attn.q_proj.weight", {8, 8}});
+    want.push_back({p + "self_attn.k_proj.weight", {8, 8}});
+    want.push_back({p + "self_attn.v_proj.weight", {8, 8}});
+    want.push_back({p + "self_attn.o_proj.weight", {8, 8}});
+    want.push_back({p + "post_attention_layernorm.weight", {8}});
+    want.push_back({p + "mlp.gate_proj.weight", {12, 8}});
+    want.push_back({p + "mlp.up_proj.weight", {12, 8}});
+    want.push_back({p + "mlp.down_proj.weight", {8, 12}});
+  }
+  want.push_back({"model.norm.weight", {8}});
+  want.push_back({"lm_head.weight", {19, 8}});
+  ASSERT_EQ(t.size(), want.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    EXPECT_EQ(t[i].name, want[i].first);
+    EXPECT_EQ(t[i].shape, want[i].second) << t[i].name;
+  }
+  // Offsets are modelLayout()'s: each tensor is exactly one ParamSpec.
+  for (const auto& x : t) {
+    const auto& u = layout[x.unit];
+    bool found = false;
+    for (const auto& p : u.params)
+      if (p.name == x.param) {
+        EXPECT_EQ(x.offset, p.offset) << x.name;
+        EXPECT_EQ(x.numel, p.numel) << x.name;
+        found = true;
+      }
+    EXPECT_TRUE(found) << x.name;
+  }
+}
+
+TEST(HfNames, FusedParametersSplitByRowsInTableOrder) {
+  const auto s = smallShape(1);
+  const int64_t d = s.dim, f = s.ffn;
+  std::vector<UnitLayout> layout = {
+      unitOf("embed", UnitKind::Embedding, {{"tok_embeddings", {s.vocab, d}}}),
+      unitOf("block.0", UnitKind::Block,
+             {{"attn_norm", {d}}, {"wqkv", {3 * d, d}}, {"wo", {d, d}}, {"ffn_norm", {d}},
+              {"w13", {2 * f, d}}, {"w2", {d, f}}}),
+      unitOf("head", UnitKind::Head, {{"norm", {d}}, {"output", {s.vocab, d}}})};
+  std::map<std::string, hf::HfTensor> byName;
+  for (const auto& x : hf::hfTensors(layout, s)) byName[x.name] = x;
+  const int64_t qkv = d;  // attn_norm comes first
+  EXPECT_EQ(byName.at("model.layers.0.self_attn.q_proj.weight").offset, qkv);
+  EXPECT_EQ(byName.at("model.layers.0.self_attn.k_proj.weight").offset, qkv + d * d);
+  EXPECT_EQ(byName.at("model.layers.0.self_attn.v_proj.weight").offset, qkv + 2 * d * d);
+  EXPECT_EQ(byName.at("model.layers.0.self_attn.v_proj.weight").shape, (std::vector<int64_t>{d, d}));
+  const int64_t w13 = d + 3 * d * d + d * d + d;
+  EXPECT_EQ(byName.at("model.layers.0.mlp.gate_proj.weight").offset, w13);
+  EXPECT_EQ(byName.at("model.layers.0.mlp.up_proj.weight").offset, w13 + f * d);
+  EXPECT_EQ(byName.size(), 12u);
+}
+
+TEST(HfNames, LayoutsTheFormatCannotExpressAreRefused) {
+  const auto s = smallShape(1);
+  auto layout = modelLayout(s);
+  layout[1].params[1].name = "wx";
+  EXPECT_ERROR(hf::ExportError, hf::hfTensors(layout, s), "parameter \"wx\" has no Hugging Face name");
+
+  layout = modelLayout(s);
+  layout[1] = unitOf("block.0", UnitKind::Block,
+                     {{"attn_norm", {s.dim}}, {"wq", {s.dim, s.dim + 2}}, {"wk", {s.dim, s.dim}},
+                      {"wv", {s.dim, s.dim}}, {"wo", {s.dim, s.dim}}, {"ffn_norm", {s.dim}},
+                      {"w1", {s.ffn, s.dim}}, {"w3", {s.ffn, s.dim}}, {"w2", {s.dim, s.ffn}}});
+  EXPECT_ERROR(hf::ExportError, hf::hfTensors(layout, s), "LlamaForCausalLM expects [8, 8]");
+
+  layout = modelLayout(s);
+  layout[1].params.pop_back();  // no w2
+  EXPECT_ERROR(hf::ExportError, hf::hfTensors(layout, s), "maps to model.layers.0.mlp.down_proj.weight");
+
+  layout = modelLayout(s);
+  layout[1] = unitOf("block.0", UnitKind::Block, {{"wqkv", {3 * s.dim + 1, s.dim}}});
+  EXPECT_ERROR(hf::ExportError, hf::hfTensors(layout, s), "does not split into 3 equal parts");
+
+  auto odd = smallShape(1);
+  odd.dim = 6;  // head dimension 3
+  EXPECT_ERROR(hf::ExportError, hf::checkExpressible(odd), "head dimension 3 is odd");
+  auto indivisible = smallShape(1);
+  indivisible.heads = 3;
+  EXPECT_ERROR(hf::ExportError, hf::checkExpressible(indivisible), "does not divide");
+}
+
+TEST(HfConfig, ConfigJsonRoundTripsAndRefusesOtherLlamas) {
+  const auto s = smallShape(3);
+  const json j = hf::configJson(s, 64, "float32");
+  EXPECT_EQ(j["architectures"], json({"LlamaForCausalLM"}));
+  EXPECT_EQ(j["hidden_size"], 8);
+  EXPECT_EQ(j["intermediate_size"], 12);
+  EXPECT_EQ(j["num_attention_heads"], 2);
+  EXPECT_EQ(j["num_key_value_heads"], 2);
+  EXPECT_EQ(j["num_hidden_layers"], 3);
+  EXPECT_EQ(j["vocab_size"], 19);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["max_position_embeddings"], 64);
+  EXPECT_DOUBLE_EQ(j["rms_norm_eps"].get<double>(), 1e-5);
+  EXPECT_DOUBLE_EQ(j["rope_theta"].get<double>(), 10000);
+  const auto back = hf::shapeFromConfigJson(json::parse(j.dump()), "config.json");
+  EXPECT_EQ(back.vocab, s.vocab);
+  EXPECT_EQ(back.dim, s.dim);
+  EXPECT_EQ(back.layers, s.layers);
+  EXPECT_EQ(back.heads, s.heads);
+  EXPECT_EQ(back.ffn, s.ffn);
+  EXPECT_DOUBLE_EQ(back.normEps, s.normEps);
+  EXPECT_DOUBLE_EQ(back.ropeTheta, s.ropeTheta);
+  auto with = [&](const char* k, json v) {
+    json c = j;
+    c[k] = v;
+    return c;
+  };
+  EXPECT_ERROR(hf::ExportError, hf::shapeFromConfigJson(with("num_key_value_heads", 1), "c.json"), "grouped-query");
+  EXPECT_ERROR(hf::ExportError, hf::shapeFromConfigJson(with("tie_word_embeddings", true), "c.json"), "untied");
+  EXPECT_ERROR(hf::ExportError, hf::shapeFromConfigJson(with("rope_scaling", {{"type", "linear"}}), "c.json"),
+               "rope_scaling");
+  EXPECT_ERROR(hf::ExportError, hf::shapeFromConfigJson(with("model_type", "mistral"), "c.json"), "model_type");
+  EXPECT_ERROR(hf::ExportError, hf::shapeFromConfigJson(with("hidden_size", "8"), "c.json"), "hidden_size");
+  EXPECT_ERROR(hf::ExportError, hf::shapeFromConfigJson(with("head_dim", 2), "c.json"),
+               "head_dim 2 is not hidden_size / num_attention_heads");
+}
+
+// ---- Checkpoints ----
+
+namespace {
+
+// A synthetic checkpoint written with the trainer's file format and key names
+// (trainer_checkpoint.cpp): unit values are known, so the gather can be checked exactly.
+struct FakeCheckpoint {
+  std::string root;
+  Config cfg;
+  int M = 2, N = 3;
+  std::vector<std::vector<torch::Tensor>> theta;  // [replica][unit] full [numel]
+  std::vector<torch::Tensor> outer;               // [unit]
+
+  FakeCheckpoint(int64_t step, bool withOuter, int M_ = 2, int N_ = 3) : M(M_), N(N_) {
+    root = tempDir("edit-export-ckpt");
+    cfg.model.preset = "custom";
+    cfg.model.vocabSize = 19;  // numels not divisible by 3: the last chunk is padded
+    cfg.model.dim = 8;
+    cfg.model.layers = 2;
+    cfg.model.heads = 2;
+    cfg.model.ffnDim = 12;
+    cfg.data.seqLen = 16;
+    write(step, withOuter);
+  }
+  void write(int64_t step, bool withOuter) {
+    const auto s = shapeOf(cfg.model);
+    const auto layout = modelLayout(s);
+    theta.assign(M, {});
+    outer.clear();
+    for (auto& u : layout) outer.push_back(torch::randn({u.numel}));
+    for (int m = 0; m < M; ++m)
+      for (auto& u : layout) theta[m].push_back(torch::randn({u.numel}));
+    const std::string dir = stepDirName(root, step);
+    fs::create_directories(dir);
+    Manifest man;
+    man.step = step;
+    man.world = M * N;
+    man.configYaml = toYaml(cfg);
+    for (int r = 0; r < M * N; ++r) {
+      const int m = r / N, sh = r % N;
+      NamedTensors t;
+      auto one = [](double v) { return torch::full({1}, v, torch::kFloat64); };
+      t["meta/step"] = one(step);
+      t["meta/world"] = one(M * N);
+      t["meta/shards"] = one(N);
+      t["meta/params"] = one(static_cast<double>(parameterCount(s)));
+      t["meta/outerReady"] = one(withOuter ? 1 : 0);
+      for (size_t u = 0; u < layout.size(); ++u) {
+        const int64_t chunk = (layout[u].numel + N - 1) / N;
+        auto slice = [&](const torch::Tensor& full) {
+          auto padded = torch::full({chunk * N}, 777.0f);  // padding never exported
+          padded.narrow(0, 0, full.numel()).copy_(full);
+          return padded.narrow(0, sh * chunk, chunk).clone();
+        };
+        const std::string k = "unit" + std::to_string(u) + "/";
+        t[k + "theta"] = slice(theta[m][u]);
+        t[k + "adam_m"] = torch::zeros({chunk});
+        if (withOuter) t[k + "outer"] = slice(outer[u]);
+      }
+      man.crcs.push_back(writeCheckpointFile(rankFileName(dir, r), t));
+    }
+    writeManifest(dir, man);
+  }
+  std::string stepDir(int64_t step) const { return stepDirName(root, step); }
+  ~FakeCheckpoint() { fs::remove_all(root); }
+};
+
+void expectUnits(const hf::Model& m, const std::vector<torch::Tensor>& want) {
+  ASSERT_EQ(m.units.size(), want.size());
+  for (size_t u = 0; u < want.size(); ++u) EXPECT_TRUE(torch::equal(m.units[u], want[u])) << "unit " << u;
+}
+
+void flipByte(const std::string& path, size_t at) {
+  std::string b = slurp(path);
+  b[at] ^= 0x10;
+  spit(path, b);
+}
+
+}  // namespace
+
+TEST(ExportCheckpoint, GathersOuterWeightsOrOneReplicasShards) {
+  FakeCheckpoint c(10, true);
+  c.write(20, true);  // the newest complete step is the default
+  hf::Source src;
+  src.checkpoint = c.root;
+  auto m = hf::loadCheckpoint(src);
+  expectUnits(m, c.outer);
+  EXPECT_EQ(m.provenance.at("edit.weights"), "outer");
+  EXPECT_EQ(m.provenance.at("edit.step"), "20");
+  EXPECT_EQ(m.provenance.at("edit.mesh"), "2x3");
+  src.weights = hf::Weights::Replica;
+  src.replica = 1;
+  m = hf::loadCheckpoint(src);
+  expectUnits(m, c.theta[1]);
+  src.replica = 2;
+  EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(src), "replicas 0..1");
+  // A step directory directly, and --step.
+  hf::Source one;
+  one.checkpoint = c.stepDir(20);
+  expectUnits(hf::loadCheckpoint(one), c.outer);
+  one.step = 10;
+  EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(one), "is the checkpoint of step 20, not --step 10");
+  hf::Source missing;
+  missing.checkpoint = c.root;
+  missing.step = 15;
+  EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(missing), "complete steps: 20");
+}
+
+TEST(ExportCheckpoint, WithoutOuterWeightsAutoTakesTheReplicaAndOuterIsRefused) {
+  FakeCheckpoint c(5, false, 1, 4);
+  hf::Source src;
+  src.checkpoint = c.root;
+  auto m = hf::loadCheckpoint(src);
+  expectUnits(m, c.theta[0]);
+  EXPECT_EQ(m.provenance.at("edit.weights"), "replica");
+  src.weights = hf::Weights::Outer;
+  EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(src), "holds no outer weights");
+}
+
+TEST(ExportCheckpoint, CorruptOrIncompleteCheckpointsAreRefused) {
+  FakeCheckpoint c(7, true);
+  hf::Source src;
+  src.checkpoint = c.root;
+  const std::string rank4 = rankFileName(c.stepDir(7), 4);
+  {
+    // A flipped byte inside a rank file of the replica being read.
+    flipByte(rankFileName(c.stepDir(7), 1), 100);
+    EXPECT_ERROR(CheckpointError, hf::loadCheckpoint(src), "rank-00001.ckpt: checksum mismatch");
+  }
+  c.write(7, true);
+  {
+    // Intact but not the file the manifest vouches for (another run's rank file).
+    const std::string saved = slurp(rank4);
+    FakeCheckpoint other(7, true);
+    fs::copy_file(rankFileName(other.stepDir(7), 4), rank4, fs::copy_options::overwrite_existing);
+    src.replica = 1;
+    EXPECT_ERROR(CheckpointError, hf::loadCheckpoint(src), "rank-00004.ckpt: does not match the checksum");
+    spit(rank4, saved);
+    EXPECT_NO_THROW(hf::loadCheckpoint(src));
+    src.replica = 0;
+  }
+  {
+    // A rank file of another replica missing: incomplete even though replica 0 is intact.
+    fs::rename(rank4, rank4 + ".away");
+    EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(src), "rank-00004.ckpt: missing; the checkpoint is incomplete");
+    fs::rename(rank4 + ".away", rank4);
+  }
+  {
+    // No manifest: never complete.
+    fs::rename(c.stepDir(7) + "/MANIFEST", c.stepDir(7) + "/M");
+    EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(src), "no complete checkpoint");
+    hf::Source direct;
+    direct.checkpoint = c.stepDir(7);
+    EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(direct), "no complete checkpoint");
+    fs::rename(c.stepDir(7) + "/M", c.stepDir(7) + "/MANIFEST");
+  }
+  {
+    // The manifest's configuration describes another model than the files hold.
+    const std::string path = c.stepDir(7) + "/MANIFEST";
+    const std::string saved = slurp(path);
+    std::string edited = saved;
+    const auto at = edited.find("layers: 2");
+    ASSERT_NE(at, std::string::npos) << edited;
+    edited.replace(at, 9, "layers: 3");
+    spit(path, edited);
+    EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(src), "configuration in the MANIFEST describes");
+    spit(path, saved);
+  }
+  EXPECT_NO_THROW(hf::loadCheckpoint(src));
+  hf::Source nowhere;
+  nowhere.checkpoint = c.root + "/nope";
+  EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(nowhere), "no such checkpoint directory");
+}
+
+// ---- The export ----
+
+TEST(ExportModel, WritesAtomicallyRefusesExistingOutputAndReadsBackExactly) {
+  FakeCheckpoint c(3, true);
+  hf::Source src;
+  src.checkpoint = c.root;
+  const auto m = hf::loadCheckpoint(src);
+  const auto base = tempDir("edit-export-out");
+  hf::ExportOptions o;
+  o.out = base + "/model";
+  o.protect = m.provenance.at("edit.checkpoint");
+  const auto res = hf::exportModel(m, o);
+  EXPECT_EQ(res.tensors, 3u + 9u * 2u);
+  EXPECT_EQ(res.bytes, fs::file_size(res.modelPath));
+  // Only the output directory is left: no temporary or old directories.
+  int entries = 0;
+  for (auto it = fs::directory_iterator(base); it != fs::directory_iterator(); ++it) ++entries;
+  EXPECT_EQ(entries, 1);
+
+  auto back = hf::loadExport(o.out);
+  expectUnits(back, c.outer);
+  EXPECT_EQ(back.provenance.at("format"), "pt");
+  EXPECT_EQ(back.provenance.at("edit.step"), "3");
+  EXPECT_EQ(back.cfg.model.layers, 2);  // the training configuration travels in the metadata
+
+  EXPECT_ERROR(hf::ExportError, hf::exportModel(m, o), "exists; pass --force");
+  o.force = true;
+  o.bf16 = true;
+  const auto res2 = hf::exportModel(m, o);
+  EXPECT_LT(res2.bytes, res.bytes);
+  back = hf::loadExport(o.out);
+  for (size_t u = 0; u < c.outer.size(); ++u)
+    EXPECT_TRUE(torch::equal(back.units[u], c.outer[u].to(torch::kBFloat16).to(torch::kFloat32))) << u;
+  entries = 0;
+  for (auto it = fs::directory_iterator(base); it != fs::directory_iterator(); ++it) ++entries;
+  EXPECT_EQ(entries, 1);
+
+  // An output that would contain the checkpoint (and be deleted by --force) is refused.
+  hf::ExportOptions inside;
+  inside.out = c.root;
+  inside.force = true;
+  inside.protect = m.provenance.at("edit.checkpoint");
+  EXPECT_ERROR(hf::ExportError, hf::exportModel(m, inside), "would contain");
+  EXPECT_TRUE(fs::exists(c.stepDir(3) + "/MANIFEST"));
+  fs::remove_all(base);
+}
+
+TEST(ExportModel, NonFiniteWeightsAreRefusedAndNothingIsWritten) {
+  FakeCheckpoint c(3, true);
+  hf::Source src;
+  src.checkpoint = c.root;
+  auto m = hf::loadCheckpoint(src);
+  m.units[2][5] = std::numeric_limits<float>::quiet_NaN();
+  const auto base = tempDir("edit-export-out");
+  hf::ExportOptions o;
+  o.out = base + "/model";
+  EXPECT_ERROR(hf::ExportError, hf::exportModel(m, o), "unit block.1 holds NaN or Inf");
+  EXPECT_TRUE(fs::is_empty(base));
+  fs::remove_all(base);
+}
+
+TEST(ExportModel, ReadingBackRefusesMissingExtraOrMisshapenTensors) {
+  FakeCheckpoint c(3, true);
+  hf::Source src;
+  src.checkpoint = c.root;
+  const auto m = hf::loadCheckpoint(src);
+  const auto base = tempDir("edit-export-out");
+  hf::ExportOptions o;
+  o.out = base + "/model";
+  hf::exportModel(m, o);
+  const std::string file = o.out + "/model.safetensors";
+  std::map<std::string, torch::Tensor> t;
+  const auto h = st::readFile(file, t);
+  auto rewrite = [&](std::map<std::string, torch::Tensor> tensors) {
+    std::vector<st::Item> items;
+    for (auto& [k, v] : tensors) items.push_back({k, v, st::DType::F32});
+    st::writeFile(file, items, h.metadata);
+  };
+  auto copy = t;
+  copy.erase("lm_head.weight");
+  rewrite(copy);
+  EXPECT_ERROR(hf::ExportError, hf::loadExport(o.out), "no tensor lm_head.weight");
+  copy = t;
+  copy["model.layers.9.mlp.up_proj.weight"] = torch::zeros({1});
+  rewrite(copy);
+  EXPECT_ERROR(hf::ExportError, hf::loadExport(o.out), "unexpected tensor model.layers.9.mlp.up_proj.weight");
+  copy = t;
+  copy["model.norm.weight"] = torch::zeros({9});
+  rewrite(copy);
+  EXPECT_ERROR(hf::ExportError, hf::loadExport(o.out), "model.norm.weight has shape [9]");
+  rewrite(t);
+  EXPECT_NO_THROW(hf::loadExport(o.out));
+  flipByte(o.out + "/config.json", 0);
+  EXPECT_ERROR(hf::ExportError, hf::loadExport(o.out), "config.json: not valid JSON");
+  fs::remove_all(base);
+}
+
+TEST(ExportModel, LogitsAgreeWithTheModelsOwnLoss) {
+  // logits() re-assembles the head by parameter name; its cross-entropy must be headLoss's.
+  FakeCheckpoint c(3, true);
+  hf::Source src;
+  src.checkpoint = c.root;
+  auto m = hf::loadCheckpoint(src);
+  for (auto& u : m.units) u.mul_(0.1);
+  auto tokens = torch::randint(0, 19, {2, 5}, torch::kInt64);
+  auto targets = torch::randint(0, 19, {2, 5}, torch::kInt64);
+  auto lg = hf::logits(m, tokens);
+  ASSERT_EQ(lg.sizes(), (std::vector<int64_t>{2, 5, 19}));
+  auto ce = torch::nn::functional::cross_entropy(lg.reshape({-1, 19}), targets.reshape({-1})).item<double>();
+  torch::NoGradGuard ng;
+  auto h = embedForward(parameterViews(m.layout[0], m.units[0]), tokens);
+  const auto rope = makeRope(m.shape, 5);
+  for (size_t u = 1; u + 1 < m.layout.size(); ++u)
+    h = blockForward(parameterViews(m.layout[u], m.units[u]), h, rope, m.shape);
+  const double want = headLoss(parameterViews(m.layout.back(), m.units.back()), h, targets, m.shape).item<double>();
+  EXPECT_NEAR(ce, want, 1e-6);
+}

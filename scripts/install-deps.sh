@@ -17,7 +17,7 @@ build_pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
   libtorch-dev libgloo-dev libopenblas0-pthread libyaml-cpp-dev prometheus-cpp-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libcpprest-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus gnuplot-nox iproute2 unzip curl python3 python3-yaml clang libclang-rt-14-dev openssl)
+  prometheus gnuplot-nox iproute2 unzip curl python3 python3-yaml python3-torch clang libclang-rt-14-dev openssl)
 
 sudo_() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 

@@ -43,114 +43,169 @@ static void fsyncDir(const std::string& dir) {
   }
 }
 
-void writeFileAtomic(const std::string& path, const std::string& content) {
-  const fs::path target(path);
-  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  fs::create_directories(dir);
-  const std::string tmp = (dir / ("." + target.filename().string() + ".tmp-" +
-                                  std::to_string(::getpid()))).string();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw CheckpointError("cannot create " + tmp + ": " + std::strerror(errno));
-  size_t off = 0;
-  while (off < content.size()) {
-    ssize_t w = ::write(fd, content.data() + off, content.size() - off);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const std::string err = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw CheckpointError("cannot write " + tmp + ": " + err);
-    }
-    off += static_cast<size_t>(w);
+namespace {
+// A file written under a temporary name in its directory and renamed into place on
+// commit (after fsync of the file, then of the directory); removed if never committed.
+// The CRC-32 of everything written is kept as it goes, so no copy of the content is needed.
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path) : path_(path) {
+    const fs::path target(path);
+    dir_ = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+    fs::create_directories(dir_);
+    tmp_ = (dir_ / ("." + target.filename().string() + ".tmp-" + std::to_string(::getpid()))).string();
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd_ < 0) throw CheckpointError("cannot create " + tmp_ + ": " + std::strerror(errno));
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    throw CheckpointError("cannot sync " + tmp + ": " + std::strerror(errno));
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw CheckpointError("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
-  }
-  fsyncDir(dir.string());
-}
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
 
-template <typename T>
-static void put(std::string& s, T v) {
-  s.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  void write(const void* data, size_t n) {
+    crc_ = crc32(data, n, crc_);
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        throw CheckpointError("cannot write " + tmp_ + ": " + std::strerror(errno));
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+  template <typename T>
+  void put(T v) { write(&v, sizeof(T)); }
+  uint32_t crc() const { return crc_; }
+
+  void commit() {
+    const int fd = fd_;
+    fd_ = -1;
+    if (::fsync(fd) != 0 || ::close(fd) != 0)
+      throw CheckpointError("cannot sync " + tmp_ + ": " + std::strerror(errno));
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+      throw CheckpointError("cannot rename " + tmp_ + " to " + path_ + ": " + std::strerror(errno));
+    committed_ = true;
+    fsyncDir(dir_.string());
+  }
+
+ private:
+  std::string path_, tmp_;
+  fs::path dir_;
+  int fd_ = -1;
+  uint32_t crc_ = 0;
+  bool committed_ = false;
+};
+}  // namespace
+
+void writeFileAtomic(const std::string& path, const std::string& content) {
+  AtomicFile f(path);
+  f.write(content.data(), content.size());
+  f.commit();
 }
 
 uint32_t writeCheckpointFile(const std::string& path, const NamedTensors& tensors) {
-  std::string s(kMagic, sizeof(kMagic));
-  put<uint32_t>(s, static_cast<uint32_t>(tensors.size()));
+  // Streamed tensor by tensor: no copy of the rank's state is built in memory.
+  AtomicFile f(path);
+  f.write(kMagic, sizeof(kMagic));
+  f.put<uint32_t>(static_cast<uint32_t>(tensors.size()));
   for (const auto& [name, t0] : tensors) {
-    auto t = t0.detach().contiguous().cpu();
-    put<uint32_t>(s, static_cast<uint32_t>(name.size()));
-    s += name;
-    put<int32_t>(s, static_cast<int32_t>(t.scalar_type()));
-    put<uint32_t>(s, static_cast<uint32_t>(t.dim()));
-    for (auto d : t.sizes()) put<int64_t>(s, d);
-    put<uint64_t>(s, t.nbytes());
-    s.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    auto t = t0.detach().contiguous().cpu();  // no copy for a contiguous host tensor
+    f.put<uint32_t>(static_cast<uint32_t>(name.size()));
+    f.write(name.data(), name.size());
+    f.put<int32_t>(static_cast<int32_t>(t.scalar_type()));
+    f.put<uint32_t>(static_cast<uint32_t>(t.dim()));
+    for (auto d : t.sizes()) f.put<int64_t>(d);
+    f.put<uint64_t>(t.nbytes());
+    f.write(t.data_ptr(), t.nbytes());
   }
-  const uint32_t crc = crc32(s.data(), s.size());
-  put<uint32_t>(s, crc);
-  writeFileAtomic(path, s);
+  const uint32_t crc = f.crc();
+  f.put<uint32_t>(crc);
+  f.commit();
   return crc;
 }
 
 namespace {
-struct Reader {
-  const std::string& s;
-  const std::string& path;
-  size_t off = 0;
-  void need(size_t n) {
-    if (off + n > s.size()) throw CheckpointError(path + ": truncated checkpoint file");
+// Reads a checkpoint file front to back through a small buffer, checking the CRC-32 as it
+// goes; the stored CRC is the last 4 bytes. Tensors are read straight into their memory.
+class CheckedReader {
+ public:
+  explicit CheckedReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+    if (!in_) throw CheckpointError(path + ": cannot open checkpoint file");
+    in_.seekg(0, std::ios::end);
+    const auto size = static_cast<int64_t>(in_.tellg());
+    in_.seekg(0);
+    if (size < static_cast<int64_t>(sizeof(kMagic)) + 8)
+      throw CheckpointError(path + ": not an EDiT checkpoint file (bad magic or truncated)");
+    left_ = static_cast<uint64_t>(size) - 4;  // payload bytes before the stored CRC
+    char magic[sizeof(kMagic)];
+    read(magic, sizeof(magic));
+    if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0)
+      throw CheckpointError(path + ": not an EDiT checkpoint file (bad magic or truncated)");
+  }
+  void need(uint64_t n) const {
+    if (n > left_) throw CheckpointError(path_ + ": truncated checkpoint file");
+  }
+  void read(void* out, uint64_t n) {
+    need(n);
+    in_.read(static_cast<char*>(out), static_cast<std::streamsize>(n));
+    if (!in_) throw CheckpointError(path_ + ": truncated checkpoint file");
+    crc_ = crc32(out, n, crc_);
+    left_ -= n;
   }
   template <typename T>
   T get() {
-    need(sizeof(T));
     T v;
-    std::memcpy(&v, s.data() + off, sizeof(T));
-    off += sizeof(T);
+    read(&v, sizeof(T));
     return v;
   }
+  void skip(uint64_t n) {
+    char buf[1 << 16];
+    while (n > 0) {
+      const uint64_t k = std::min<uint64_t>(n, sizeof(buf));
+      read(buf, k);
+      n -= k;
+    }
+  }
+  uint64_t left() const { return left_; }
+  // Checks the stored CRC against what was read; the whole payload must have been read.
+  uint32_t finish() {
+    skip(left_);
+    uint32_t stored = 0;
+    in_.read(reinterpret_cast<char*>(&stored), 4);
+    if (!in_ || stored != crc_)
+      throw CheckpointError(path_ + ": checksum mismatch (corrupt or truncated checkpoint)");
+    return stored;
+  }
+
+ private:
+  std::string path_;
+  std::ifstream in_;
+  uint64_t left_ = 0;
+  uint32_t crc_ = 0;
 };
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(path + ": cannot open checkpoint file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-uint32_t checkFrame(const std::string& s, const std::string& path) {
-  if (s.size() < sizeof(kMagic) + 8 || std::memcmp(s.data(), kMagic, sizeof(kMagic)) != 0)
-    throw CheckpointError(path + ": not an EDiT checkpoint file (bad magic or truncated)");
-  uint32_t stored;
-  std::memcpy(&stored, s.data() + s.size() - 4, 4);
-  const uint32_t actual = crc32(s.data(), s.size() - 4);
-  if (stored != actual)
-    throw CheckpointError(path + ": checksum mismatch (corrupt or truncated checkpoint)");
-  return stored;
-}
 }  // namespace
 
-uint32_t verifyCheckpointFile(const std::string& path) { return checkFrame(slurp(path), path); }
+uint32_t verifyCheckpointFile(const std::string& path) {
+  CheckedReader r(path);
+  return r.finish();
+}
 
 NamedTensors readCheckpointFile(const std::string& path) {
-  const std::string s = slurp(path);
-  checkFrame(s, path);
-  const std::string body = s.substr(0, s.size() - 4);
-  Reader r{body, path, sizeof(kMagic)};
+  CheckedReader r(path);
   NamedTensors out;
+  // The CRC covers the header too, but is only known at the end: a corrupt header is
+  // caught by the checks below (which never allocate from an unchecked size), corrupt
+  // tensor bytes by finish().
   const auto n = r.get<uint32_t>();
   for (uint32_t i = 0; i < n; ++i) {
     const auto len = r.get<uint32_t>();
     r.need(len);
-    std::string name = body.substr(r.off, len);
-    r.off += len;
-    // Validate everything before allocating: a corrupt header must not ask for terabytes.
+    std::string name(len, '\0');
+    r.read(name.data(), len);
     const auto code = r.get<int32_t>();
     if (code != static_cast<int32_t>(torch::kFloat32) && code != static_cast<int32_t>(torch::kFloat64) &&
         code != static_cast<int32_t>(torch::kInt64))
@@ -162,22 +217,22 @@ NamedTensors readCheckpointFile(const std::string& path) {
     int64_t numel = 1;
     for (uint32_t d = 0; d < dim; ++d) {
       sizes.push_back(r.get<int64_t>());
-      const int64_t n = sizes.back();
-      if (n < 0 || (n > 0 && numel > std::numeric_limits<int64_t>::max() / n))
+      const int64_t k = sizes.back();
+      if (k < 0 || (k > 0 && numel > std::numeric_limits<int64_t>::max() / k))
         throw CheckpointError(path + ": bad tensor size in " + name);
-      numel *= n;
+      numel *= k;
     }
     const auto nbytes = r.get<uint64_t>();
     const uint64_t elem = c10::elementSize(type);
     if (static_cast<uint64_t>(numel) > std::numeric_limits<uint64_t>::max() / elem ||
         nbytes != static_cast<uint64_t>(numel) * elem)
       throw CheckpointError(path + ": size mismatch in " + name);
-    r.need(nbytes);
+    r.need(nbytes);  // the file really holds the bytes before they are allocated
     auto t = torch::empty(sizes, torch::dtype(type));
-    if (nbytes > 0) std::memcpy(t.data_ptr(), body.data() + r.off, nbytes);
-    r.off += nbytes;
+    if (nbytes > 0) r.read(t.data_ptr(), nbytes);
     out[name] = t;
   }
+  r.finish();
   return out;
 }
 

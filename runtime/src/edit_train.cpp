@@ -179,7 +179,11 @@ int main(int argc, char** argv) {
               {"comm_wait", wait}, {"resumed_from", res.resumedFrom},
               {"stopped", res.stopped}, {"joined", res.joined}, {"recoveries", res.recoveries},
               {"recovery_seconds", res.recoverySeconds}, {"steps_rolled_back", res.stepsRolledBack},
-              {"comm", comm}, {"peak_rss_bytes", peakRssBytes()}};
+              {"comm", comm}, {"peak_rss_bytes", peakRssBytes()},
+              {"memory_plan", {{"state", res.memory.state()}, {"buffers", res.memory.buffers},
+                               {"parameters", res.memory.parameters}, {"gradients", res.memory.gradients},
+                               {"optimizer", res.memory.optimizer}, {"outer", res.memory.outer},
+                               {"snapshot", res.memory.snapshot}}}};
     std::cout << "@edit-summary " << s.dump() << std::endl;
     return res.stopped ? kExitTerminated : kExitOk;
   } catch (const ConfigError& e) {

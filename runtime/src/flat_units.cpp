@@ -55,6 +55,28 @@ int64_t BufferCache::peakLiveBytes() const {
   return peak_;
 }
 
+MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool snapshot,
+                      bool reshardAfterForward, int prefetchDepth) {
+  MemoryPlan m;
+  int64_t slices = 0, sumPadded = 0, maxPadded = 0;
+  for (const auto& u : modelLayout(s)) {
+    const int64_t chunk = (u.numel + shards - 1) / shards;
+    slices += chunk;
+    sumPadded += chunk * shards;
+    maxPadded = std::max(maxPadded, chunk * shards);
+  }
+  const int64_t f = 4;  // fp32
+  m.parameters = f * slices;
+  m.gradients = f * slices;
+  m.optimizer = 2 * f * slices;
+  m.outer = localMode ? 2 * f * slices : 0;
+  m.snapshot = localMode && snapshot ? 2 * f * slices : 0;
+  const int64_t inFlight = static_cast<int64_t>(prefetchDepth) + 1;
+  if (shards > 1)
+    m.buffers = reshardAfterForward ? 2 * inFlight * f * maxPadded : f * sumPadded + inFlight * f * maxPadded;
+  return m;
+}
+
 void attachFull(FlatUnit& u, torch::Tensor buffer) {
   TORCH_CHECK(u.sharded() && !u.fullBuffer.defined() && buffer.numel() == u.padded,
               "attachFull: unit ", u.layout.name, " is already gathered or the buffer has the wrong size");

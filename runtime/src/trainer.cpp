@@ -81,6 +81,16 @@ void Trainer::setup() {
   // those prefetched, and a gradient being reduced), so a step allocates nothing.
   buffers_ = std::make_unique<BufferCache>(
       torch::TensorOptions().dtype(torch::kFloat32).device(device_), prefetchDepth_ + 2);
+  memoryPlan_ = planMemory(shape_, comm_->shards(), isLocalMode(), cfg_.runtime.recovery == "inPlace",
+                           reshardAfterForward_, prefetchDepth_);
+  if (mesh_.rank == 0) {
+    auto mb = [](int64_t b) { return std::to_string((b + 500000) / 1000000) + " MB"; };
+    const auto& m = memoryPlan_;
+    log("memory per rank (docs/memory.md): state " + mb(m.state()) + " (parameters " + mb(m.parameters) +
+        ", gradients " + mb(m.gradients) + ", AdamW " + mb(m.optimizer) + ", outer " + mb(m.outer) +
+        ", recovery snapshot " + mb(m.snapshot) + "), full-size buffers at most " + mb(m.buffers) +
+        ", plus activations");
+  }
   detectors_.assign(units_.size(), EwmaDetector{});
   adam_ = std::make_unique<ShardedAdamW>(cfg_.training, units_);
   sync_ = syncSettingsFor(cfg_.algorithm);
@@ -566,6 +576,7 @@ TrainResult Trainer::run() {
   result.syncRounds = syncRounds_;
   result.anomalies = anomalies_;
   result.comm = comm_->counters();
+  result.memory = memoryPlan_;
   return result;
 }
 

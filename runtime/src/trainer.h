@@ -49,6 +49,7 @@ struct TrainResult {
   double recoverySeconds = 0;     // time from noticing the lost peer to training again
   int64_t stepsRolledBack = 0;    // local steps of this rank undone by recoveries
   CommCounts comm;
+  MemoryPlan memory;         // what the state and buffers of this rank should take
 };
 
 struct TrainerHooks {
@@ -128,6 +129,7 @@ class Trainer {
   std::vector<FlatUnit> units_;
   std::unique_ptr<BufferCache> buffers_;  // full-size buffers of gathered units and gradients
   int prefetchDepth_ = 1;                 // units prepared ahead of the one computing
+  MemoryPlan memoryPlan_;
   bool reshardAfterForward_ = true;
   std::vector<OuterUnit> outer_;
   std::vector<EwmaDetector> detectors_;

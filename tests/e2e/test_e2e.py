@@ -310,4 +310,4 @@ class PrometheusScrape(Base):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    h.main()

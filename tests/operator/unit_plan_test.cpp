@@ -408,3 +408,26 @@ TEST(Plan, ObservedGenerationFollowsTheSpecActedOn) {
   EXPECT_EQ(p.podsToDelete.size(), 2u);
   EXPECT_EQ(findCondition(p.status, "Suspended")->value("observedGeneration", 0L), 2);
 }
+
+// When the API refuses the pods (Pod Security, quota), each retry plans the creation
+// again; the Created event and the created-gangs metric come once.
+TEST(Plan, RetriedCreationIsNotAnotherGang) {
+  Plan first = planReconcile(input());
+  ASSERT_TRUE(first.gangCreated);
+  Plan retry = planReconcile(input({}, first.status));
+  EXPECT_EQ(retry.ranksToCreate, (std::vector<int>{0, 1}));
+  EXPECT_FALSE(retry.gangCreated);
+  EXPECT_TRUE(retry.events.empty());
+}
+
+// After a disruption, only the failures it causes are free: a worker that crashes on its
+// own (not exit 143, and not taken away itself) is charged.
+TEST(Plan, CrashAfterADisruptionIsCharged) {
+  json status = {{"phase", "Running"}};
+  setCondition(status, "Disrupted", "True", "EvictionByEvictionAPI", "m", "t", 1);
+  PlanInput in = input({{"runPolicy", {{"backoffLimit", 0}, {"replicaRecovery", "GangRestart"}}}}, status);
+  in.pods = {pod(0, "Running"), pod(1, "Failed", 0, 1)};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Failed");
+  EXPECT_EQ(condReason(p.status, "Failed"), "BackoffLimitExceeded");
+}

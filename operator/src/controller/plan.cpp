@@ -321,11 +321,25 @@ class Planner {
     for (const auto* p : current()) {
       if (p->disruption.empty()) continue;
       const std::string msg = "pod " + p->name + " is being taken away (" + p->disruption +
-                              "); the failure it causes does not count against runPolicy.backoffLimit";
+                              "); the restart it causes (workers stopping with exit 143) does not count "
+                              "against runPolicy.backoffLimit";
       cond("Disrupted", "True", p->disruption, msg);
       event("Warning", "Disrupted", msg);
       return;
     }
+  }
+
+  // A failure is the disruption's doing when a failed pod was itself taken away, or when a
+  // disruption was seen and every failed worker stopped with 143: edit-train's workers
+  // checkpoint and stop together when one of them gets SIGTERM (the evicted pod may be
+  // gone by the time its peers exit). A crash of its own (any other code) is charged.
+  bool causedByDisruption(const std::vector<const ObservedPod*>& failed) const {
+    bool allStopped = !failed.empty();
+    for (const auto* p : failed) {
+      if (!p->disruption.empty()) return true;
+      if (p->exitCode != 143) allStopped = false;
+    }
+    return allStopped && conditionTrue(st_, "Disrupted");
   }
 
   // Whether the failure being handled comes from a disruption; if so it is counted in
@@ -366,7 +380,7 @@ class Planner {
         replaceInPlace(failed, msg);
         return true;
       }
-      disrupted = conditionTrue(st_, "Disrupted");
+      disrupted = causedByDisruption(failed);
       if (why.empty() && (disrupted || budgetUsed() < spec_->runPolicy.backoffLimit)) {
         recoveries_++;
         st_["replicaRecoveries"] = recoveries_;
@@ -569,10 +583,13 @@ class Planner {
     if (static_cast<int>(plan_.ranksToCreate.size()) == spec_->worldSize()) {
       // Nothing left to join (e.g. every pod was deleted): a new gang, no replacements.
       clearRecovery("GangRecreated", "every worker pod was gone; creating the gang again");
-      plan_.gangCreated = true;
-      event("Normal", "Created",
-            "creating " + std::to_string(spec_->worldSize()) + " worker pods (restart generation " +
-                std::to_string(restartGen_) + ")");
+      // Once per gang: a retry after a refused create (phase still Created) is not a new one.
+      if (phase_ != "Created") {
+        plan_.gangCreated = true;
+        event("Normal", "Created",
+              "creating " + std::to_string(spec_->worldSize()) + " worker pods (restart generation " +
+                  std::to_string(restartGen_) + ")");
+      }
     }
     if (recovery_)
       for (int r : plan_.ranksToCreate)

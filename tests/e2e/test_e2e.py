@@ -145,6 +145,56 @@ class InvalidManifests(Base):
         self.assertEqual(json.loads(out)["items"], [])
 
 
+class SpecChanges(Base):
+    """Fields that cannot change on a running job are rejected by kubectl apply (the CRD's
+    transition rules), naming the field; a runPolicy change and a suspend/resume are
+    accepted and acted on, and status.observedGeneration then says so."""
+
+    def test_immutable_fields_rejected_runpolicy_accepted(self):
+        ns = h.unique("e2e-spec")
+        self.c.create_namespace(ns)
+        self.c.start_operator([ns])
+        job = {"apiVersion": "edit.io/v1alpha1", "kind": "EDiTJob", "metadata": {"name": "fixed", "namespace": ns},
+               "spec": {"replicas": 2, "image": "unused.local/edit-runtime:test", "command": ["sh", "-c", "sleep 600"],
+                        "hangTimeoutSeconds": 0, "training": {"steps": 10}, "runPolicy": {"backoffLimit": 3}}}
+        self.c.apply(job)
+        self.c.wait_phase(ns, "fixed", "Running", 60)
+
+        def edited(path, value):
+            j = json.loads(json.dumps(job))
+            node = j["spec"]
+            for k in path[:-1]:
+                node = node.setdefault(k, {})
+            node[path[-1]] = value
+            return j
+        for path, value in ((("replicas",), 3), (("image",), "other:2"), (("model", "preset"), "small"),
+                            (("args",), ["--set", "training.lr=0.1"]), (("runPolicy", "replicaRecovery"), "GangRestart"),
+                            (("podTemplate", "metadata", "labels"), {"team": "ml"})):
+            field = "spec." + ".".join(path[:2] if path[0] in ("runPolicy",) else path[:1])
+            with self.subTest(field=field):
+                res = self.c.kubectl("apply", "-f", "-", input=json.dumps(edited(path, value)), check=False)
+                self.assertNotEqual(res.returncode, 0, "%s change accepted:\n%s" % (field, res.stdout))
+                self.assertIn('%s: Forbidden: %s cannot change once the job exists' % (field, field), res.stderr)
+        st = self.c.job(ns, "fixed")
+        self.assertEqual(st["spec"]["replicas"], 2)
+        self.assertEqual(len(self.c.pods(ns, "fixed")), 2)
+
+        # runPolicy changes go through and the operator acts on them.
+        gen0 = st["metadata"]["generation"]
+        self.c.apply(edited(("runPolicy", "backoffLimit"), 5))
+        for suspend, phase in ((True, "Suspended"), (False, "Running")):
+            j = edited(("runPolicy", "backoffLimit"), 5)
+            j["spec"]["runPolicy"]["suspend"] = suspend
+            self.c.apply(j)
+            got = self.c.wait_phase(ns, "fixed", phase, 60)
+            self.c.wait_for(lambda: self.c.job(ns, "fixed")["status"].get("observedGeneration") ==
+                            self.c.job(ns, "fixed")["metadata"]["generation"], 20, "observedGeneration caught up")
+        got = self.c.job(ns, "fixed")
+        self.assertEqual(got["metadata"]["generation"], gen0 + 3)
+        self.assertEqual(got["status"]["observedGeneration"], gen0 + 3)
+        self.assertEqual(len(self.c.pods(ns, "fixed")), 2)
+
+
 class PrometheusScrape(Base):
     """A real Prometheus scrapes the operator and the workers every second during a run;
     then every dashboard query (panels and template variables) and every alert rule

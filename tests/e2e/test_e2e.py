@@ -195,6 +195,39 @@ class SpecChanges(Base):
         self.assertEqual(len(self.c.pods(ns, "fixed")), 2)
 
 
+class ClusterExamples(Base):
+    """examples/cluster/ as the README applies it: the API accepts every object (server-side
+    dry run through kubectl: the CRD's schema and rules), and the operator turns the
+    A-EDiT job into worker pods that mount the claims where the config expects them.
+    (The stand-in provisions no volumes and runs no Job controller, so nothing trains.)"""
+
+    def test_examples_apply_and_mount_the_claims(self):
+        ns = h.unique("e2e-ex")
+        self.c.create_namespace(ns)
+        ex = os.path.join(h.ROOT, "examples", "cluster")
+        res = self.c.kubectl("apply", "--dry-run=server", "-n", ns, "-f", ex)
+        for f in ("persistentvolumeclaim/edit-data", "persistentvolumeclaim/edit-checkpoints",
+                  "job.batch/edit-prepare-data", "editjob.edit.io/tiny-aedit", "editjob.edit.io/llama-350m-gpu"):
+            self.assertIn(f, res.stdout)
+        self.c.start_operator([ns])
+        self.c.kubectl("apply", "-n", ns, "-f", os.path.join(ex, "storage.yaml"))
+        self.c.kubectl("apply", "-n", ns, "-f", os.path.join(ex, "editjob-aedit.yaml"))
+        pods = self.c.wait_for(lambda: len(self.c.pods(ns, "tiny-aedit")) == 4 and self.c.pods(ns, "tiny-aedit"),
+                               60, "4 worker pods")
+        spec = pods[0]["spec"]
+        claims = {v["name"]: v["persistentVolumeClaim"] for v in spec["volumes"] if "persistentVolumeClaim" in v}
+        mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+        self.assertEqual(claims["edit-data"], {"claimName": "edit-data", "readOnly": True})
+        self.assertEqual(claims["edit-checkpoint"], {"claimName": "edit-checkpoints"})
+        self.assertEqual(mounts["edit-data"]["mountPath"], "/data")
+        self.assertEqual(mounts["edit-checkpoint"]["mountPath"], "/checkpoints")
+        cfg = self.c.get("/api/v1/namespaces/%s/configmaps/tiny-aedit-config" % ns)["data"]["config.yaml"]
+        for want in ("train: /data/brown/train.bin", "val: /data/brown/val.bin", "dir: /checkpoints/tiny-aedit",
+                     "mode: a-edit"):
+            self.assertIn(want, cfg)
+        self.assertEqual(spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault")
+
+
 class PrometheusScrape(Base):
     """A real Prometheus scrapes the operator and the workers every second during a run;
     then every dashboard query (panels and template variables) and every alert rule

@@ -209,7 +209,8 @@ def check_notes(values_file, problems):
         args += ["-f", values_file]
     out = run(args)
     notes = out.split("NOTES:", 1)[1] if "NOTES:" in out else ""
-    for want in ("kubectl apply -f examples/editjob-tiny.yaml", "kubectl get ej -w"):
+    for want in ("kubectl apply -f examples/cluster/storage.yaml", "kubectl apply -f examples/cluster/prepare-data.yaml",
+                 "kubectl apply -f examples/cluster/editjob-aedit.yaml", "kubectl get ej -w"):
         if want not in notes:
             problems.append(f"NOTES.txt does not say '{want}'")
 

@@ -135,6 +135,7 @@ class Planner {
 
   Plan run() {
     st_["observedGeneration"] = gen_;
+    st_["restarts"] = restarts_;  // 0 shows in kubectl get ej -o wide (RESTARTS), not blank
     if (!in_.spec) return invalid();
     spec_ = &*in_.spec;
     countWorkers();

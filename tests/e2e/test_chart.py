@@ -39,7 +39,9 @@ import harness as h  # noqa: E402
 
 CHART = os.path.join(h.ROOT, "charts", "edit-operator")
 RELEASE, RELEASE_NS = "t", "edit-system"
-LEADER_LABEL = "edit.io/operator-leader"
+# The label the leader puts on its own pod, as the operator's code names it.
+LEADER_LABEL = re.search(r'kLeaderLabel = "([^"]+)"', open(os.path.join(
+    h.ROOT, "operator", "src", "leader", "lease.h")).read()).group(1)
 ADDR_FLAGS = {"--metrics-addr": "metrics", "--health-addr": "health", "--grpc-addr": "telemetry"}
 GANG_CRDS = os.path.join(h.HERE, "podgroup-crds.yaml")
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))

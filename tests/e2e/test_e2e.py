@@ -82,8 +82,10 @@ class KubectlFlow(Base):
         out = self.c.kubectl("get", "ej", "-n", self.ns).stdout
         lines = out.strip().splitlines()
         header = lines[0].split()
-        for col in ("NAME", "PHASE", "STEP", "LOSS", "TOKENS/S", "STRAGGLERS", "AGE"):
+        for col in ("NAME", "PHASE", "STEP", "LOSS", "TOKENS/S", "STRAGGLERS", "AGE", "MESSAGE"):
             self.assertIn(col, header, out)
+        self.assertNotIn("RESTARTS", header, out)       # -o wide only
+        self.assertIn("all 4 workers succeeded", lines[1], out)
         row = dict(zip(header, lines[1].split()))
         self.assertEqual(row["NAME"], self.name, out)
         self.assertEqual(row["PHASE"], "Succeeded", out)
@@ -92,8 +94,9 @@ class KubectlFlow(Base):
         self.assertTrue(0 < loss < 5.6, out)        # below ln(256) = 5.55: it learnt something
         self.assertGreater(float(row["TOKENS/S"]), 0, out)
         wide = self.c.kubectl("get", "ej", self.name, "-n", self.ns, "-o", "wide").stdout
-        self.assertIn("MODE", wide)
-        self.assertIn("edit", wide)
+        wl = wide.strip().splitlines()
+        wrow = dict(zip(wl[0].split(), wl[1].split()))
+        self.assertEqual((wrow.get("MODE"), wrow.get("RESTARTS")), ("edit", "0"), wide)
 
         # kubectl describe: the job's events (recorded by the operator) are listed.
         desc = self.c.kubectl("describe", "ej", self.name, "-n", self.ns).stdout

@@ -9,7 +9,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from common import (ALERTS, CHART, FULL_VALUES, dashboard_files, fail, helm_template, load_json,
+from common import (ALERTS, CHART, FULL_VALUES, ROOT, dashboard_files, fail, helm_template, load_json,
                     load_yaml, load_yaml_docs, run, tool)
 
 JOB_RULES = {
@@ -28,7 +28,14 @@ PODGROUP_RULES = {
 }
 # In the release namespace: the Lease, and the leader's label on its own pod.
 LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update"}, ("", "pods"): {"patch"}}
-LEADER_LABEL = "edit.io/operator-leader"
+def leader_label():
+    """The label the leader puts on its pod, as the operator's code names it (one source)."""
+    import re
+    m = re.search(r'kLeaderLabel = "([^"]+)"', (ROOT / "operator" / "src" / "leader" / "lease.h").read_text())
+    return m.group(1)
+
+
+LEADER_LABEL = leader_label()
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 

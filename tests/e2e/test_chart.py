@@ -14,6 +14,7 @@ readinessProbe.
 
   ChartOperator.test_default_values        one replica: up, /healthz /readyz /metrics,
                                            a job Succeeded in a restricted namespace
+  ChartOperator.test_namespaced_install    namespaces=[ns]: RoleBindings only, one namespace
   ChartOperator.test_rolling_update        replicaCount=2: followers are Ready, the
                                            leader is replaced, telemetry reaches the new one
   ChartOperator.test_rbac_rules_all_used   the lifecycle under RBAC: no 403, and every
@@ -272,6 +273,29 @@ class ChartOperator(unittest.TestCase):
         pod = self.c.pods(ns, "tiny")[0]
         self.assertEqual(pod["spec"]["securityContext"]["seccompProfile"]["type"], "RuntimeDefault")
         self.assertEqual(self.op_pod(op)["status"]["containerStatuses"][0]["restartCount"], 0)
+        self.assert_no_forbidden()
+
+    def test_namespaced_install(self):
+        """namespaces=[ns]: the ClusterRole is bound by a RoleBinding in that namespace only;
+        the operator watches it alone, runs a job there without a refused request, and
+        a job elsewhere stays untouched."""
+        ns, other = h.unique("nsd"), h.unique("other")
+        for n in (ns, other):
+            self.c.create_namespace(n)
+        self.install(render("namespaces={%s}" % ns))
+        self.assertIn("--namespaces=" + ns, template_args(self.deployment["spec"]["template"]))
+        op = self.start_operator_pod()
+        self.wait_ready(op)
+        self.wait_single_leader([op])
+        for n in (ns, other):
+            self.c.apply({"apiVersion": "edit.io/v1alpha1", "kind": "EDiTJob", "metadata": {"name": "short", "namespace": n},
+                          "spec": {"replicas": 2, "image": "unused", "command": ["sh", "-c", "sleep 1"],
+                                   "hangTimeoutSeconds": 0, "training": {"steps": 10}}})
+        self.c.wait_phase(ns, "short", "Succeeded", 60)
+        self.assertEqual(self.c.job(other, "short").get("status"), None)
+        self.assertEqual(self.c.pods(other, "short"), [])
+        scopes = {e["namespace"] for e in self.audit() if e["resource"] in ("editjobs", "pods") and e["verb"] == "watch"}
+        self.assertEqual(scopes, {ns}, "the operator must watch only its namespace")
         self.assert_no_forbidden()
 
     def test_rolling_update(self):

@@ -5,7 +5,9 @@
 test then does what the Deployment's ReplicaSet would do and creates operator pods from
 the rendered pod template, which the stand-in's kubelet runs. The pods keep the
 rendered args except the port numbers, moved to free ones in the same ':PORT' form
-(pods share one network here, and a Service's named targetPort follows them). Two things
+(pods share one network here, and a Service's named targetPort follows them; the chart
+is rendered with free Service ports too, and its args are checked against the render
+with the chart's own ports). Two things
 are added: the command (the image's ENTRYPOINT) and KUBECONFIG, a kubeconfig with the
 ServiceAccount's token from `kubectl create token`, because the stand-in serves plain
 HTTP where the in-cluster config expects HTTPS. Every request of the operator is then
@@ -65,10 +67,14 @@ def http_get(url, timeout=5):
         return 0, str(e)
 
 
-def render(*sets):
-    """helm template of the chart (release t in edit-system) as a list of objects."""
+def render(*sets, free_ports=True):
+    """helm template of the chart (release t in edit-system) as a list of objects. With
+    free_ports the Services' ports are free ones (the stand-in's service proxy listens on
+    them); the args keep their form (tests compare with the default render)."""
     import yaml
     cmd = [find_helm(), "template", RELEASE, CHART, "--namespace", RELEASE_NS]
+    if free_ports:
+        cmd += ["--set", ",".join("ports.%s=%d" % (role, h.free_port()) for role in ADDR_FLAGS.values())]
     for s in sets:
         cmd += ["--set", s]
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -84,7 +90,8 @@ def template_args(template):
 def port_form(args):
     """The rendered args with each listen address's number replaced: what must stay equal
     when the test moves the ports."""
-    return [re.sub(r"^(%s)=(.*):\d+$" % "|".join(ADDR_FLAGS), r"\1=\2:PORT", a) for a in args]
+    flags = list(ADDR_FLAGS) + ["--telemetry-advertise-addr"]   # the last: the Service's port
+    return [re.sub(r"^(%s)=(.*):\d+$" % "|".join(flags), r"\1=\2:PORT", a) for a in args]
 
 
 class ChartOperator(unittest.TestCase):
@@ -112,12 +119,16 @@ class ChartOperator(unittest.TestCase):
         self.serial = 0
 
     # ---- install ----------------------------------------------------------------------
-    def install(self, docs):
-        """Applies what the chart rendered (but the Deployment) and prepares its pods."""
+    def install(self, docs, *sets):
+        """Applies what the chart rendered with `sets` (but the Deployment) and prepares its
+        pods. The args must be those of the same render with the chart's own ports."""
         self.docs = docs
         deps = [d for d in docs if d["kind"] == "Deployment"]
         self.assertEqual(len(deps), 1)
         self.deployment = deps[0]
+        chart_ports = [d for d in render(*sets, free_ports=False) if d["kind"] == "Deployment"][0]
+        self.assertEqual(port_form(template_args(self.deployment["spec"]["template"])),
+                         port_form(template_args(chart_ports["spec"]["template"])))
         self.c.create_namespace(RELEASE_NS)
         rest = [d for d in docs if d["kind"] != "Deployment"]
         import yaml
@@ -282,7 +293,7 @@ class ChartOperator(unittest.TestCase):
         ns, other = h.unique("nsd"), h.unique("other")
         for n in (ns, other):
             self.c.create_namespace(n)
-        self.install(render("namespaces={%s}" % ns))
+        self.install(render("namespaces={%s}" % ns), "namespaces={%s}" % ns)
         self.assertIn("--namespaces=" + ns, template_args(self.deployment["spec"]["template"]))
         op = self.start_operator_pod()
         self.wait_ready(op)
@@ -302,7 +313,7 @@ class ChartOperator(unittest.TestCase):
         """replicaCount=2: both pods Ready though one leads; a rolling update replaces the
         leader first, a follower takes over and labels its pod, the workers' telemetry
         reaches it through the telemetry Service, and the job finishes."""
-        self.install(render("replicaCount=2"))
+        self.install(render("replicaCount=2"), "replicaCount=2")
         a, b = self.start_operator_pod(), self.start_operator_pod()
         self.wait_ready(a, b)             # the follower too: readiness is not leadership
         first = self.wait_single_leader([a, b])
@@ -354,7 +365,8 @@ class ChartOperator(unittest.TestCase):
         resume, adoption of an orphan, a refused pod (FailedCreate), PodGroups, TTL
         deletion, events, the Lease and the leader label. No request is refused, and every
         (group, resource, verb) the rendered roles grant is used."""
-        self.install(render("replicaCount=2", "gangScheduling.volcano=true", "gangScheduling.coscheduling=true"))
+        sets = ("replicaCount=2", "gangScheduling.volcano=true", "gangScheduling.coscheduling=true")
+        self.install(render(*sets), *sets)
         self.c.kubectl("apply", "-f", GANG_CRDS)
         a, b = self.start_operator_pod(), self.start_operator_pod()
         self.wait_ready(a, b)

@@ -47,6 +47,8 @@ RUN /usr/local/lib/edit/install-deps.sh --runtime \
  && groupadd --gid 65532 edit && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin edit \
  && install -d -o 65532 -g 65532 /work
 COPY --from=build-runtime /build/bin/edit-train /build/bin/edit-run /build/bin/edit-data /usr/local/bin/
+# Fills a data volume with the Brown corpus (examples/cluster/prepare-data.yaml).
+COPY scripts/prepare-data.sh /usr/local/bin/edit-prepare-data
 WORKDIR /work
 USER 65532:65532
 # The operator sets the pod's command (spec.command, default edit-train) and EDIT_CONFIG.

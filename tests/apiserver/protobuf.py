@@ -1,6 +1,6 @@
 """Decoding of the Kubernetes protobuf envelope for the few kinds that
 `kubectl create <generator>` sends as protobuf (Namespace, ConfigMap, Secret,
-ServiceAccount). Everything else must be JSON."""
+ServiceAccount; TokenRequest for `kubectl create token`). Everything else must be JSON."""
 import base64
 
 MAGIC = b"k8s\x00"
@@ -126,8 +126,24 @@ def _service_account(buf):
     return obj
 
 
+def _token_request(buf):
+    """authentication.k8s.io/v1 TokenRequest: spec.audiences (1), expirationSeconds (4)."""
+    obj = {"spec": {}}
+    for num, _, val in fields(buf):
+        if num == 1:
+            obj["metadata"] = _object_meta(val)
+        elif num == 2:
+            for n, _, v in fields(val):
+                if n == 1:
+                    obj["spec"].setdefault("audiences", []).append(v.decode())
+                elif n == 4:
+                    obj["spec"]["expirationSeconds"] = v
+    return obj
+
+
 DECODERS = {("v1", "ConfigMap"): _configmap, ("v1", "Secret"): _secret,
-            ("v1", "Namespace"): _namespace, ("v1", "ServiceAccount"): _service_account}
+            ("v1", "Namespace"): _namespace, ("v1", "ServiceAccount"): _service_account,
+            ("authentication.k8s.io/v1", "TokenRequest"): _token_request}
 
 
 def decode(body):

@@ -44,18 +44,27 @@ def _builtin():
         R("", "v1", "namespaces", "Namespace", namespaced=False, short_names=["ns"],
           has_status=True, subresources=["status", "finalize"]),
         R("", "v1", "pods", "Pod", short_names=["po"], categories=["all"], has_status=True,
-          subresources=["status", "log"]),
+          subresources=["status", "log", "eviction"]),
         R("", "v1", "services", "Service", short_names=["svc"], categories=["all"],
           has_status=True, subresources=["status"]),
         R("", "v1", "configmaps", "ConfigMap", short_names=["cm"]),
+        R("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", short_names=["pvc"],
+          has_status=True, subresources=["status"]),
         R("", "v1", "secrets", "Secret"),
-        R("", "v1", "serviceaccounts", "ServiceAccount", short_names=["sa"]),
+        R("", "v1", "serviceaccounts", "ServiceAccount", short_names=["sa"],
+          subresources=["token"]),
         R("", "v1", "endpoints", "Endpoints", short_names=["ep"]),
         R("", "v1", "events", "Event", short_names=["ev"]),
         R("", "v1", "nodes", "Node", namespaced=False, short_names=["no"], has_status=True,
           subresources=["status"]),
         R("events.k8s.io", "v1", "events", "Event", short_names=["ev"]),
         R("coordination.k8s.io", "v1", "leases", "Lease"),
+        R("batch", "v1", "jobs", "Job", categories=["all"], has_status=True, subresources=["status"]),
+        R("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+        R("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
+          namespaced=False),
+        R("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+        R("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
         R("apiextensions.k8s.io", "v1", "customresourcedefinitions",
           "CustomResourceDefinition", namespaced=False, short_names=["crd", "crds"],
           categories=["api-extensions"], has_status=True, subresources=["status"]),
@@ -171,10 +180,15 @@ class Registry:
                 entry["categories"] = rt.categories
             resources.append(entry)
             for sub in rt.subresources:
-                verbs = ["get"] if sub == "log" else ["get", "patch", "update"]
-                resources.append({"name": "%s/%s" % (rt.plural, sub), "singularName": "",
-                                  "namespaced": rt.namespaced, "verbs": verbs,
-                                  "kind": "Pod" if sub == "log" else rt.kind})
+                verbs, kind = {"log": (["get"], "Pod"), "eviction": (["create"], "Eviction"),
+                               "token": (["create"], "TokenRequest")}.get(sub, (["get", "patch", "update"], rt.kind))
+                entry = {"name": "%s/%s" % (rt.plural, sub), "singularName": "",
+                         "namespaced": rt.namespaced, "verbs": verbs, "kind": kind}
+                if sub == "eviction":
+                    entry.update(group="policy", version="v1")
+                if sub == "token":
+                    entry.update(group="authentication.k8s.io", version="v1")
+                resources.append(entry)
         return {"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": "%s/%s" % (group, version) if group else version,
                 "resources": resources}

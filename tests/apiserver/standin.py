@@ -16,6 +16,7 @@ import threading
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import admission  # noqa: E402
+import auth as authmod  # noqa: E402
 import garbage  # noqa: E402
 import http_api  # noqa: E402
 import registry as registrymod  # noqa: E402
@@ -60,7 +61,8 @@ def parse_args(argv):
 def build(args):
     reg = registrymod.Registry()
     st = storemod.Store(reg, args.state, args.watch_history)
-    admission.Admission(st, reg)
+    adm = admission.Admission(st, reg)
+    adm.auth = authmod.Auth(st, reg)
     st.replay_load()                         # register CRDs kept in --state
     nsrt = reg.lookup("", "v1", "namespaces")
     for ns in SYSTEM_NAMESPACES:
@@ -74,7 +76,7 @@ def build(args):
                                      path_prepend=args.path_prepend, nodes=args.nodes)
     host, port = args.listen.rsplit(":", 1)
     server = http_api.ApiServer((host, int(port)), st, reg, kubelet,
-                                args.bookmark_interval, args.verbose)
+                                args.bookmark_interval, args.verbose, adm.auth)
     return st, collector, kubelet, server
 
 

@@ -63,6 +63,7 @@ class Store:
         self.admit = lambda op, rt, new, old, sub: new    # validation/defaulting
         self.listeners = []                # fn(rt, type, obj) after each change
         self.graceful = lambda rt, obj: False  # kubelet: pod needs graceful stop
+        self.allocate_cluster_ip = None        # kubelet: a Service address its proxy serves
         self.closed = False
         if state_path and os.path.exists(state_path):
             self._load()

@@ -142,6 +142,60 @@ class KubeletTest(StandInCase):
         self.assertNotIn("nodeName", p["spec"])
         self.kubectl("delete", "pod", "-l", "group=spread", "--grace-period=1")
 
+    def test_readiness_probe_and_service_proxy(self):
+        """A Service with a cluster IP forwards to the Ready pods it selects, at the named
+        target port; Ready follows the pod's readinessProbe; relabelling a pod moves the
+        traffic."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            free = s.getsockname()[1]
+        svc_port = free
+        script = ("mkdir -p d && echo %s > d/whoami && cd d && "
+                  "exec python3 -m http.server --bind $(POD_IP) %d")
+        for name in ("web-a", "web-b"):
+            body = json.loads(pod(name, "", policy="Always"))
+            c = body["spec"]["containers"][0]
+            c["command"] = ["sh", "-c", script % (name, free)]
+            c["env"] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+            c["ports"] = [{"name": "http", "containerPort": free}]
+            c["readinessProbe"] = {"httpGet": {"path": "/whoami", "port": "http"}, "periodSeconds": 1}
+            body["metadata"]["labels"] = {"app": "web", "serves": "yes" if name == "web-a" else "no"}
+            self.kubectl("apply", "-f", "-", input=json.dumps(body))
+        svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+               "spec": {"selector": {"app": "web", "serves": "yes"},
+                        "ports": [{"port": svc_port, "targetPort": "http"}]}}
+        self.kubectl("apply", "-f", "-", input=json.dumps(svc))
+        ip = self.s.api("GET", "/api/v1/namespaces/default/services/web")[1]["spec"]["clusterIP"]
+        self.assertTrue(ip.startswith("127."), ip)
+        ready = lambda n: any(c["type"] == "Ready" and c["status"] == "True"
+                              for c in (self.get_pod(n) or {}).get("status", {}).get("conditions", []))
+        self.s.wait_for(lambda: ready("web-a") and ready("web-b"), timeout=20, what="both Ready by their probe")
+        self.assertEqual(self.s.wait_for(lambda: _resolve("web.default.svc.cluster.local"), what="DNS"), ip)
+
+        def who():
+            try:
+                with socket.create_connection(("web.default.svc", svc_port), timeout=3) as c:
+                    c.sendall(b"GET /whoami HTTP/1.0\r\n\r\n")
+                    data = b""
+                    while True:
+                        chunk = c.recv(4096)
+                        if not chunk:
+                            break
+                        data += chunk
+                return data.decode().strip().rsplit("\n", 1)[-1] if data else None
+            except OSError:
+                return None
+        self.assertEqual(self.s.wait_for(who, what="the proxy answering"), "web-a")
+        self.kubectl("label", "pod", "web-a", "serves=no", "--overwrite")
+        self.kubectl("label", "pod", "web-b", "serves=yes", "--overwrite")
+        self.assertEqual(self.s.wait_for(lambda: who() == "web-b" and "web-b", what="traffic moved"), "web-b")
+        # A failing probe makes the pod unready: no endpoint is left.
+        self.s.api("POST", "/standin/kill?namespace=default&pod=web-b&signal=STOP")
+        self.s.wait_for(lambda: not ready("web-b"), timeout=20, what="web-b unready")
+        self.assertIsNone(who())
+        self.s.api("POST", "/standin/kill?namespace=default&pod=web-b&signal=CONT")
+        self.kubectl("delete", "pod", "web-a", "web-b", "--grace-period=1")
+
 
 def _resolve(name):
     try:

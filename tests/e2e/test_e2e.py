@@ -82,8 +82,10 @@ class KubectlFlow(Base):
         out = self.c.kubectl("get", "ej", "-n", self.ns).stdout
         lines = out.strip().splitlines()
         header = lines[0].split()
-        for col in ("NAME", "PHASE", "STEP", "LOSS", "TOKENS/S", "STRAGGLERS", "AGE"):
+        for col in ("NAME", "PHASE", "STEP", "LOSS", "TOKENS/S", "STRAGGLERS", "AGE", "MESSAGE"):
             self.assertIn(col, header, out)
+        self.assertNotIn("RESTARTS", header, out)       # -o wide only
+        self.assertIn("all 4 workers succeeded", lines[1], out)
         row = dict(zip(header, lines[1].split()))
         self.assertEqual(row["NAME"], self.name, out)
         self.assertEqual(row["PHASE"], "Succeeded", out)
@@ -92,8 +94,9 @@ class KubectlFlow(Base):
         self.assertTrue(0 < loss < 5.6, out)        # below ln(256) = 5.55: it learnt something
         self.assertGreater(float(row["TOKENS/S"]), 0, out)
         wide = self.c.kubectl("get", "ej", self.name, "-n", self.ns, "-o", "wide").stdout
-        self.assertIn("MODE", wide)
-        self.assertIn("edit", wide)
+        wl = wide.strip().splitlines()
+        wrow = dict(zip(wl[0].split(), wl[1].split()))
+        self.assertEqual((wrow.get("MODE"), wrow.get("RESTARTS")), ("edit", "0"), wide)
 
         # kubectl describe: the job's events (recorded by the operator) are listed.
         desc = self.c.kubectl("describe", "ej", self.name, "-n", self.ns).stdout
@@ -143,6 +146,89 @@ class InvalidManifests(Base):
         # Nothing got in.
         out = self.c.kubectl("get", "ej", "-n", ns, "-o", "json").stdout
         self.assertEqual(json.loads(out)["items"], [])
+
+
+class SpecChanges(Base):
+    """Fields that cannot change on a running job are rejected by kubectl apply (the CRD's
+    transition rules), naming the field; a runPolicy change and a suspend/resume are
+    accepted and acted on, and status.observedGeneration then says so."""
+
+    def test_immutable_fields_rejected_runpolicy_accepted(self):
+        ns = h.unique("e2e-spec")
+        self.c.create_namespace(ns)
+        self.c.start_operator([ns])
+        job = {"apiVersion": "edit.io/v1alpha1", "kind": "EDiTJob", "metadata": {"name": "fixed", "namespace": ns},
+               "spec": {"replicas": 2, "image": "unused.local/edit-runtime:test", "command": ["sh", "-c", "sleep 600"],
+                        "hangTimeoutSeconds": 0, "training": {"steps": 10}, "runPolicy": {"backoffLimit": 3}}}
+        self.c.apply(job)
+        self.c.wait_phase(ns, "fixed", "Running", 60)
+
+        def edited(path, value):
+            j = json.loads(json.dumps(job))
+            node = j["spec"]
+            for k in path[:-1]:
+                node = node.setdefault(k, {})
+            node[path[-1]] = value
+            return j
+        for path, value in ((("replicas",), 3), (("image",), "other:2"), (("model", "preset"), "small"),
+                            (("args",), ["--set", "training.lr=0.1"]), (("runPolicy", "replicaRecovery"), "GangRestart"),
+                            (("podTemplate", "metadata", "labels"), {"team": "ml"})):
+            field = "spec." + ".".join(path[:2] if path[0] in ("runPolicy",) else path[:1])
+            with self.subTest(field=field):
+                res = self.c.kubectl("apply", "-f", "-", input=json.dumps(edited(path, value)), check=False)
+                self.assertNotEqual(res.returncode, 0, "%s change accepted:\n%s" % (field, res.stdout))
+                self.assertIn('%s: Forbidden: %s cannot change once the job exists' % (field, field), res.stderr)
+        st = self.c.job(ns, "fixed")
+        self.assertEqual(st["spec"]["replicas"], 2)
+        self.assertEqual(len(self.c.pods(ns, "fixed")), 2)
+
+        # runPolicy changes go through and the operator acts on them.
+        gen0 = st["metadata"]["generation"]
+        self.c.apply(edited(("runPolicy", "backoffLimit"), 5))
+        for suspend, phase in ((True, "Suspended"), (False, "Running")):
+            j = edited(("runPolicy", "backoffLimit"), 5)
+            j["spec"]["runPolicy"]["suspend"] = suspend
+            self.c.apply(j)
+            got = self.c.wait_phase(ns, "fixed", phase, 60)
+            self.c.wait_for(lambda: self.c.job(ns, "fixed")["status"].get("observedGeneration") ==
+                            self.c.job(ns, "fixed")["metadata"]["generation"], 20, "observedGeneration caught up")
+        got = self.c.job(ns, "fixed")
+        self.assertEqual(got["metadata"]["generation"], gen0 + 3)
+        self.assertEqual(got["status"]["observedGeneration"], gen0 + 3)
+        self.assertEqual(len(self.c.pods(ns, "fixed")), 2)
+
+
+class ClusterExamples(Base):
+    """examples/cluster/ as the README applies it: the API accepts every object (server-side
+    dry run through kubectl: the CRD's schema and rules), and the operator turns the
+    A-EDiT job into worker pods that mount the claims where the config expects them.
+    (The stand-in provisions no volumes and runs no Job controller, so nothing trains.)"""
+
+    def test_examples_apply_and_mount_the_claims(self):
+        ns = h.unique("e2e-ex")
+        self.c.create_namespace(ns)
+        ex = os.path.join(h.ROOT, "examples", "cluster")
+        res = self.c.kubectl("apply", "--dry-run=server", "-n", ns, "-f", ex)
+        for f in ("persistentvolumeclaim/edit-data", "persistentvolumeclaim/edit-checkpoints",
+                  "job.batch/edit-prepare-data", "editjob.edit.io/tiny-aedit", "editjob.edit.io/llama-350m-gpu"):
+            self.assertIn(f, res.stdout)
+        self.c.start_operator([ns])
+        self.c.kubectl("apply", "-n", ns, "-f", os.path.join(ex, "storage.yaml"))
+        self.c.kubectl("apply", "-n", ns, "-f", os.path.join(ex, "editjob-aedit.yaml"))
+        pods = self.c.wait_for(lambda: len(self.c.pods(ns, "tiny-aedit")) == 4 and self.c.pods(ns, "tiny-aedit"),
+                               60, "4 worker pods")
+        spec = pods[0]["spec"]
+        claims = {v["name"]: v["persistentVolumeClaim"] for v in spec["volumes"] if "persistentVolumeClaim" in v}
+        mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+        self.assertEqual(claims["edit-data"], {"claimName": "edit-data", "readOnly": True})
+        self.assertEqual(claims["edit-checkpoint"], {"claimName": "edit-checkpoints"})
+        self.assertEqual(mounts["edit-data"]["mountPath"], "/data")
+        self.assertEqual(mounts["edit-checkpoint"]["mountPath"], "/checkpoints")
+        cfg = self.c.get("/api/v1/namespaces/%s/configmaps/tiny-aedit-config" % ns)["data"]["config.yaml"]
+        for want in ("train: /data/brown/train.bin", "val: /data/brown/val.bin", "dir: /checkpoints/tiny-aedit",
+                     "mode: a-edit"):
+            self.assertIn(want, cfg)
+        self.assertEqual(spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault")
 
 
 class PrometheusScrape(Base):
@@ -310,4 +396,4 @@ class PrometheusScrape(Base):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    h.main()

@@ -528,4 +528,4 @@ class Faults(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    h.main()

@@ -73,7 +73,7 @@ runtime: {threads: 4096, collectiveTimeoutSeconds: 1e-9, backend: gloo}
 def editjobs():
     try:
         import yaml  # python3-yaml (install-deps.sh)
-        with open(os.path.join(ROOT, "examples/editjob-tiny.yaml")) as f:
+        with open(os.path.join(ROOT, "examples/cluster/editjob-aedit.yaml")) as f:
             tiny = yaml.safe_load(f)
     except ImportError:
         tiny = {"apiVersion": "edit.io/v1alpha1", "kind": "EDiTJob", "metadata": {"name": "tiny"},

@@ -100,6 +100,20 @@ std::pair<int, std::string> httpGet(const std::string& url) {
   }
 }
 
+std::pair<int, std::string> httpPost(const std::string& url, const json& body) {
+  try {
+    web::http::client::http_client_config cfg;
+    cfg.set_timeout(std::chrono::seconds(10));
+    web::http::client::http_client client(url, cfg);
+    web::http::http_request req(web::http::methods::POST);
+    req.set_body(body.dump(), "application/json");
+    auto resp = client.request(req).get();
+    return {resp.status_code(), resp.extract_utf8string(true).get()};
+  } catch (const std::exception& e) {
+    return {0, e.what()};
+  }
+}
+
 int runShell(const std::string& command) {
   int st = std::system(command.c_str());
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;

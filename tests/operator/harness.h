@@ -40,6 +40,8 @@ bool waitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeou
              std::chrono::milliseconds every = std::chrono::milliseconds(100));
 // GET http://host:port/path; returns {status, body} ({0, error} on transport failure).
 std::pair<int, std::string> httpGet(const std::string& url);
+// POST a JSON body; returns {status, body} ({0, error} on transport failure).
+std::pair<int, std::string> httpPost(const std::string& url, const json& body);
 int runShell(const std::string& command);
 
 class StandIn {

@@ -53,6 +53,8 @@ TEST_F(LeaderElection, StandbyTakesOverWithoutDuplicates) {
   EXPECT_NE(metricsOf(a).find("edit_operator_leader 1"), std::string::npos);
   EXPECT_NE(metricsOf(b).find("edit_operator_leader 0"), std::string::npos);
   EXPECT_EQ(b.logs().find("controller started"), std::string::npos);  // the standby does not reconcile
+  // ...but it is Ready: readiness is not leadership (a rolling update needs the new pod Ready).
+  EXPECT_EQ(httpGet("http://" + b.healthAddr + "/readyz").first, 200);
 
   a.signal(SIGKILL);  // no release: b must wait for the lease to expire
   ASSERT_TRUE(waitFor([&] { return leaseHolder(*client).find("_" + b.identityPid) != std::string::npos; },

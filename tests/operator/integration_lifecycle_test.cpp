@@ -1,6 +1,8 @@
 // Job lifecycle against the stand-in: gang creation, Running -> Succeeded, the failure
 // policy (restart, backoffLimit, permanent exit codes), suspend/resume, TTL, deadline,
 // garbage collection and invalid specs.
+#include <thread>
+
 #include "integration_fixture.h"
 
 namespace edit::op::testing {
@@ -129,6 +131,104 @@ TEST_F(OperatorIntegration, InvalidSpecFailsWithoutCreatingAnything) {
   EXPECT_NE(j["status"]["message"].get<std::string>().find("metadata.name"), std::string::npos);
   EXPECT_TRUE(pods(name).empty());
   EXPECT_FALSE(client->tryGet(res::Services, "default", name).has_value());
+}
+
+// A node drain evicts a worker (Eviction API: DisruptionTarget, then SIGTERM); like
+// edit-train, every worker then stops with exit 143. The gang restart that follows is
+// free: with backoffLimit 0 the job runs again. A crash of its own afterwards fails it.
+TEST_F(OperatorIntegration, EvictionRestartsTheGangWithoutSpendingBackoffLimit) {
+  const std::string stop = "$STANDIN_POD_DIR/../stop-$EDIT_JOB-$EDIT_RESTART_GENERATION";
+  client->create(res::EDiTJobs, "default",
+                 shellJob("drained", 2, 1,
+                          "trap 'touch " + stop + "; exit 143' TERM; while [ ! -e " + stop +
+                              " ]; do sleep 0.2; done; exit 143",
+                          {{"backoffLimit", 0}}));
+  ASSERT_TRUE(waitPhase("drained", "Running")) << job("drained").dump(2);
+  auto [code, body] = httpPost(standin->url() + "/api/v1/namespaces/default/pods/drained-worker-0/eviction",
+                               {{"apiVersion", "policy/v1"}, {"kind", "Eviction"},
+                                {"metadata", {{"name", "drained-worker-0"}}},
+                                {"deleteOptions", {{"gracePeriodSeconds", 5}}}});
+  ASSERT_EQ(code, 201) << body;
+  ASSERT_TRUE(waitFor([&] { return job("drained")["status"].value("restarts", 0) == 1; }, std::chrono::seconds(40)))
+      << job("drained").dump(2);
+  ASSERT_TRUE(waitFor([&] {
+    json j = job("drained");
+    return j["status"].value("phase", "") == "Running" && j["status"].value("restartGeneration", 0) == 1;
+  }, std::chrono::seconds(40))) << job("drained").dump(2);
+  json j = job("drained");
+  EXPECT_EQ(j["status"]["disruptions"], 1);
+  EXPECT_EQ(conditionStatus(j, "Disrupted"), "False");
+  auto events = client->list(res::Events, "default")["items"];
+  bool disruptedEvent = false;
+  for (const auto& e : events)
+    if (e["involvedObject"].value("name", "") == "drained" && e.value("reason", "") == "Disrupted") disruptedEvent = true;
+  EXPECT_TRUE(disruptedEvent);
+
+  // A failure of its own (SIGKILL: 137) is charged: the budget of 0 is spent.
+  auto [kcode, kbody] = httpPost(standin->url() + "/standin/kill?namespace=default&pod=drained-worker-1&signal=KILL", json::object());
+  ASSERT_EQ(kcode, 200) << kbody;
+  ASSERT_TRUE(waitPhase("drained", "Failed")) << job("drained").dump(2);
+  EXPECT_EQ(conditionReason(job("drained"), "Failed"), "BackoffLimitExceeded");
+}
+
+// A pod the API refuses (here Pod Security) is a Warning event FailedCreate on the job
+// with the API's message, not only a line in the operator's log.
+TEST_F(OperatorIntegration, RefusedPodIsAFailedCreateEvent) {
+  runShell(std::string(KUBECTL) + " --kubeconfig " + standin->kubeconfig() +
+           " label namespace default pod-security.kubernetes.io/enforce=restricted --overwrite > /dev/null");
+  json jobObj = shellJob("rooted", 1, 1, "sleep 60");
+  jobObj["spec"]["podTemplate"] = {{"spec", {{"containerSecurityContext", {{"privileged", true}}}}}};
+  client->create(res::EDiTJobs, "default", jobObj);
+  client->create(res::EDiTJobs, "default", shellJob("fine", 1, 1, "exit 0"));  // restricted by default
+  json ev;
+  ASSERT_TRUE(waitFor([&] {
+    const json events = client->list(res::Events, "default")["items"];  // not a temporary's member
+    for (const auto& e : events)
+      if (e["involvedObject"].value("name", "") == "rooted" && e.value("reason", "") == "FailedCreate") {
+        ev = e;
+        return true;
+      }
+    return false;
+  }, std::chrono::seconds(30)));
+  EXPECT_EQ(ev["type"], "Warning");
+  const std::string msg = ev["message"];
+  EXPECT_NE(msg.find("Error creating pod rooted-worker-0: pods \"rooted-worker-0\" is forbidden: violates PodSecurity"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("privileged"), std::string::npos) << msg;
+  EXPECT_TRUE(pods("rooted").empty());
+  ASSERT_TRUE(waitPhase("fine", "Succeeded")) << job("fine").dump(2);
+  // Retries that fail the same way do not add an event each.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  int n = 0;
+  const json events = client->list(res::Events, "default")["items"];
+  for (const auto& e : events)
+    if (e["involvedObject"].value("name", "") == "rooted" && e.value("reason", "") == "FailedCreate") n++;
+  EXPECT_EQ(n, 1);
+}
+
+// The chart passes ':PORT' (every IPv4 address); bad addresses stop the operator at
+// once with the flag named (exit 2).
+TEST_F(OperatorIntegration, ListenAddressForms) {
+  OperatorProcess colon(dir + "/operator-colon.log");
+  colon.start(standin->kubeconfig(), {"--metrics-addr=:0", "--health-addr=:0", "--grpc-addr=:0"});
+  EXPECT_EQ(colon.metricsAddr.rfind("0.0.0.0:", 0), 0u) << colon.metricsAddr;
+  const std::string port = colon.metricsAddr.substr(colon.metricsAddr.rfind(':') + 1);
+  EXPECT_NE(httpGet("http://127.0.0.1:" + port + "/metrics").second.find("edit_operator_leader"), std::string::npos);
+  const std::string hport = colon.healthAddr.substr(colon.healthAddr.rfind(':') + 1);
+  EXPECT_EQ(httpGet("http://127.0.0.1:" + hport + "/readyz").first, 200);
+  colon.signal(SIGTERM);
+  EXPECT_EQ(colon.wait(std::chrono::seconds(10)), 0);
+
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--metrics-addr", "8080"}, {"--grpc-addr", ":99999"}, {"--health-addr", "host:port"}}) {
+    Process p;
+    const std::string log = dir + "/bad" + flag + ".log";
+    p.start({EDIT_OPERATOR_BIN, "--kubeconfig", standin->kubeconfig(), flag + "=" + value}, log);
+    EXPECT_EQ(p.wait(std::chrono::seconds(10)), 2) << flag;
+    const std::string text = readFile(log);
+    EXPECT_NE(text.find(flag + ": "), std::string::npos) << text;
+    EXPECT_NE(text.find(":PORT"), std::string::npos) << text;
+  }
 }
 
 TEST_F(OperatorIntegration, HealthAndMetricsEndpoints) {

@@ -89,6 +89,32 @@ TEST(ApiSpec, ErrorsNameTheField) {
   EXPECT_EQ(errorField({{"image", "i"}}), "");
 }
 
+TEST(ApiSpec, PodTemplateOverride) {
+  auto s = parseSpec(job({{"image", "i"},
+                          {"podTemplate",
+                           {{"metadata", {{"labels", {{"team", "ml"}}}, {"annotations", {{"sidecar.istio.io/inject", "false"}}}}},
+                            {"spec",
+                             {{"imagePullSecrets", {{{"name", "regcred"}}}},
+                              {"securityContext", {{"runAsUser", 1000}}},
+                              {"containerSecurityContext", {{"readOnlyRootFilesystem", true}}}}}}}}));
+  EXPECT_EQ(s.podTemplate.labels["team"], "ml");
+  EXPECT_EQ(s.podTemplate.annotations["sidecar.istio.io/inject"], "false");
+  EXPECT_EQ(s.podTemplate.imagePullSecrets[0]["name"], "regcred");
+  ASSERT_TRUE(s.podTemplate.securityContext);
+  EXPECT_EQ((*s.podTemplate.securityContext)["runAsUser"], 1000);
+  ASSERT_TRUE(s.podTemplate.containerSecurityContext);
+  EXPECT_FALSE(parseSpec(job({{"image", "i"}})).podTemplate.securityContext);
+
+  EXPECT_EQ(errorField({{"image", "i"}, {"podTemplate", {{"metadata", {{"labels", {{"edit.io/rank", "0"}}}}}}}}),
+            "spec.podTemplate.metadata.labels[\"edit.io/rank\"]");
+  EXPECT_EQ(errorField({{"image", "i"}, {"podTemplate", {{"metadata", {{"annotations", {{"a", 1}}}}}}}}),
+            "spec.podTemplate.metadata.annotations[\"a\"]");
+  EXPECT_EQ(errorField({{"image", "i"}, {"podTemplate", {{"spec", {{"imagePullSecrets", {json::object()}}}}}}}),
+            "spec.podTemplate.spec.imagePullSecrets[0].name");
+  EXPECT_EQ(errorField({{"image", "i"}, {"podTemplate", {{"spec", {{"securityContext", "root"}}}}}}),
+            "spec.podTemplate.spec.securityContext");
+}
+
 TEST(ApiSpec, MissingSpecAndLongNames) {
   EXPECT_THROW(parseSpec(json{{"metadata", {{"name", "j"}}}}), SpecError);
   EXPECT_NO_THROW(edit::op::api::validateName("job-1", 16));

@@ -67,6 +67,45 @@ TEST(Desired, PodIdentityEnvAndLabels) {
   EXPECT_EQ(pod["spec"]["containers"][0]["command"], json({"edit-train"}));
 }
 
+// Without overrides a worker pod meets the restricted Pod Security Standard: non-root, no
+// privilege escalation, every capability dropped, the RuntimeDefault seccomp profile.
+TEST(Desired, WorkersMeetTheRestrictedPodSecurityStandard) {
+  json pod = controller::desiredPod(makeJob(), 0, 0, {"x:1"});
+  const json& psc = pod["spec"]["securityContext"];
+  EXPECT_EQ(psc["runAsNonRoot"], true);
+  EXPECT_EQ(psc["seccompProfile"]["type"], "RuntimeDefault");
+  EXPECT_EQ(psc["fsGroup"], 65532);
+  const json& csc = pod["spec"]["containers"][0]["securityContext"];
+  EXPECT_EQ(csc["allowPrivilegeEscalation"], false);
+  EXPECT_EQ(csc["capabilities"]["drop"], json({"ALL"}));
+  EXPECT_EQ(csc["runAsNonRoot"], true);
+  EXPECT_FALSE(csc.contains("privileged"));
+  EXPECT_FALSE(pod["spec"].contains("hostNetwork"));
+}
+
+TEST(Desired, PodTemplateOverridesLabelsAnnotationsSecretsAndSecurity) {
+  auto job = makeJob({{"schedulerName", "volcano"},
+                      {"podTemplate",
+                       {{"metadata",
+                         {{"labels", {{"team", "ml"}}},
+                          {"annotations", {{"sidecar.istio.io/inject", "false"}, {"scheduling.k8s.io/group-name", "mine"}}}}},
+                        {"spec",
+                         {{"imagePullSecrets", {{{"name", "regcred"}}}},
+                          {"securityContext", {{"runAsUser", 1000}, {"runAsNonRoot", true}}},
+                          {"containerSecurityContext", {{"privileged", false}}}}}}}});
+  json pod = controller::desiredPod(job, 1, 0, {"x:1"});
+  const json& md = pod["metadata"];
+  EXPECT_EQ(md["labels"]["team"], "ml");
+  EXPECT_EQ(md["labels"]["edit.io/rank"], "1");
+  EXPECT_EQ(md["annotations"]["sidecar.istio.io/inject"], "false");
+  EXPECT_EQ(md["annotations"]["scheduling.k8s.io/group-name"], "demo");  // the operator's value wins
+  EXPECT_EQ(pod["spec"]["imagePullSecrets"], json({{{"name", "regcred"}}}));
+  // Replaced as a whole, not merged.
+  EXPECT_EQ(pod["spec"]["securityContext"], json({{"runAsUser", 1000}, {"runAsNonRoot", true}}));
+  EXPECT_EQ(pod["spec"]["containers"][0]["securityContext"], json({{"privileged", false}}));
+  EXPECT_FALSE(controller::desiredPod(makeJob(), 0, 0, {"x:1"})["spec"].contains("imagePullSecrets"));
+}
+
 TEST(Desired, OwnerReferenceIsTheControllingJob) {
   json pod = controller::desiredPod(makeJob(), 0, 0, {});
   const json& ref = pod["metadata"]["ownerReferences"][0];

@@ -335,3 +335,99 @@ TEST(Plan, ObservePodReadsExitCodes) {
   EXPECT_EQ(*o.exitCode, 127);
   EXPECT_EQ(o.node, "n");
 }
+
+TEST(Plan, ObservePodReadsDisruptions) {
+  json evicted = {{"metadata", {{"name", "j-worker-0"}, {"labels", {{"edit.io/rank", "0"}}}}},
+                  {"status", {{"phase", "Running"},
+                              {"conditions", {{{"type", "DisruptionTarget"}, {"status", "True"},
+                                               {"reason", "EvictionByEvictionAPI"}}}}}}};
+  EXPECT_EQ(observePod(evicted).disruption, "EvictionByEvictionAPI");
+  json byKubelet = {{"metadata", {{"name", "j-worker-0"}}}, {"status", {{"phase", "Failed"}, {"reason", "Evicted"}}}};
+  EXPECT_EQ(observePod(byKubelet).disruption, "Evicted");
+  json falseCond = evicted;
+  falseCond["status"]["conditions"][0]["status"] = "False";
+  EXPECT_EQ(observePod(falseCond).disruption, "");
+}
+
+// A drained node or a preemption takes a pod away: the gang restart it causes does not
+// spend backoffLimit (as a batch Job's podFailurePolicy with DisruptionTarget: Ignore),
+// even when the evicted pod is gone by the time its peers exit 143.
+TEST(Plan, DisruptionsDoNotSpendTheBackoffLimit) {
+  const json spec = {{"runPolicy", {{"backoffLimit", 0}}}};
+  PlanInput seen = input(spec, {{"phase", "Running"}});
+  seen.pods = {pod(0, "Running"), pod(1, "Running")};
+  seen.pods[0].deleting = true;
+  seen.pods[0].disruption = "EvictionByEvictionAPI";
+  Plan p1 = planReconcile(seen);
+  EXPECT_EQ(condStatus(p1.status, "Disrupted"), "True");
+  EXPECT_EQ(condReason(p1.status, "Disrupted"), "EvictionByEvictionAPI");
+  ASSERT_FALSE(p1.events.empty());
+  EXPECT_EQ(p1.events.back().reason, "Disrupted");
+  EXPECT_FALSE(p1.gangRestarted);
+
+  PlanInput failed = input(spec, p1.status);  // the evicted pod is gone; its peer stopped (143)
+  failed.pods = {pod(1, "Failed", 0, 143)};
+  Plan p2 = planReconcile(failed);
+  EXPECT_TRUE(p2.gangRestarted);
+  EXPECT_EQ(p2.status["phase"], "Restarting");
+  EXPECT_EQ(p2.status["restarts"], 1);
+  EXPECT_EQ(p2.status["disruptions"], 1);
+  EXPECT_EQ(condStatus(p2.status, "Disrupted"), "False");
+
+  // A failure of its own afterwards finds the budget (0) unspent... and exceeded.
+  PlanInput again = input(spec, p2.status);
+  again.status["phase"] = "Running";
+  again.status["restartGeneration"] = 1;
+  again.pods = {pod(0, "Running", 1), pod(1, "Failed", 1, 1)};
+  Plan p3 = planReconcile(again);
+  EXPECT_EQ(p3.status["phase"], "Failed");
+  EXPECT_EQ(condReason(p3.status, "Failed"), "BackoffLimitExceeded");
+}
+
+TEST(Plan, DisruptedWorkerIsReplacedInPlaceForFree) {
+  PlanInput in = input({{"runPolicy", {{"backoffLimit", 1}}}}, {{"phase", "Running"}, {"replicaRecoveries", 1}});
+  in.pods = {pod(0, "Running"), pod(1, "Failed", 0, 137)};
+  in.pods[1].disruption = "PreemptionByScheduler";
+  Plan p = planReconcile(in);
+  EXPECT_FALSE(p.gangRestarted);
+  EXPECT_EQ(p.recoveredRanks, (std::vector<int>{1}));
+  EXPECT_EQ(p.status["replicaRecoveries"], 2);
+  EXPECT_EQ(p.status["disruptions"], 1);
+  EXPECT_EQ(condStatus(p.status, "Recovering"), "True");
+}
+
+// observedGeneration is the generation whose spec the status reflects: a runPolicy change
+// (the only kind the API accepts on a running job) is acted on in the same plan.
+TEST(Plan, ObservedGenerationFollowsTheSpecActedOn) {
+  PlanInput in = input({{"runPolicy", {{"suspend", true}}}}, {{"phase", "Running"}, {"observedGeneration", 1}});
+  in.meta.generation = 2;
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["observedGeneration"], 2);
+  EXPECT_EQ(p.status["phase"], "Suspended");
+  EXPECT_EQ(p.podsToDelete.size(), 2u);
+  EXPECT_EQ(findCondition(p.status, "Suspended")->value("observedGeneration", 0L), 2);
+}
+
+// When the API refuses the pods (Pod Security, quota), each retry plans the creation
+// again; the Created event and the created-gangs metric come once.
+TEST(Plan, RetriedCreationIsNotAnotherGang) {
+  Plan first = planReconcile(input());
+  ASSERT_TRUE(first.gangCreated);
+  Plan retry = planReconcile(input({}, first.status));
+  EXPECT_EQ(retry.ranksToCreate, (std::vector<int>{0, 1}));
+  EXPECT_FALSE(retry.gangCreated);
+  EXPECT_TRUE(retry.events.empty());
+}
+
+// After a disruption, only the failures it causes are free: a worker that crashes on its
+// own (not exit 143, and not taken away itself) is charged.
+TEST(Plan, CrashAfterADisruptionIsCharged) {
+  json status = {{"phase", "Running"}};
+  setCondition(status, "Disrupted", "True", "EvictionByEvictionAPI", "m", "t", 1);
+  PlanInput in = input({{"runPolicy", {{"backoffLimit", 0}, {"replicaRecovery", "GangRestart"}}}}, status);
+  in.pods = {pod(0, "Running"), pod(1, "Failed", 0, 1)};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Failed");
+  EXPECT_EQ(condReason(p.status, "Failed"), "BackoffLimitExceeded");
+}

@@ -221,6 +221,43 @@ TEST(Hub, CountsOnlyTheCurrentGenerationAndKeepsThePodUid) {
   EXPECT_EQ(report(1, 6, std::string(200, 'u')).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// Only the leader takes reports: a replica that does not lead tells workers to retry.
+TEST(Hub, NotServingAnswersUnavailable) {
+  TelemetryHub hub(nullptr);
+  hub.registerJob("ns", "j", "t", {}, 0);
+  edit::v1alpha1::WorkerReport r;
+  r.set_namespace_("ns");
+  r.set_job("j");
+  r.set_token("t");
+  std::vector<edit::v1alpha1::Command> cmds;
+  hub.setServing(false);
+  EXPECT_EQ(hub.accept(r, &cmds).error_code(), grpc::StatusCode::UNAVAILABLE);
+  hub.setServing(true);
+  EXPECT_TRUE(hub.accept(r, &cmds).ok());
+}
+
+// The reports carry the cumulative seconds blocked in collectives; the operator exports
+// a counter that grows by each increase and survives a restarted worker's fresh count.
+TEST(Metrics, CommWaitIsACounterOfTheReportedIncreases) {
+  metrics::Metrics m;
+  metrics::WorkerSample w;
+  w.ns = "ns";
+  w.job = "j";
+  w.pod = "j-worker-0";
+  w.node = "n";
+  for (double cumulative : {1.5, 4.0, 4.0, 0.5, 2.0}) {  // 4.0 twice: a heartbeat; then a restart
+    w.commWaitSeconds = cumulative;
+    m.setWorker(w);
+  }
+  const std::string text = scrape(m);
+  const std::string series =
+      "edit_worker_comm_wait_seconds_total{job=\"j\",namespace=\"ns\",node=\"n\",pod=\"j-worker-0\",rank=\"0\",replica=\"0\",shard=\"0\"} ";
+  auto at = text.find(series);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_DOUBLE_EQ(std::stod(text.substr(at + series.size())), 4.0 + 2.0);
+  EXPECT_NE(text.find("# TYPE edit_worker_comm_wait_seconds_total counter"), std::string::npos) << text;
+}
+
 TEST(Metrics, PhaseIsOneHotAndOperatorSeriesExist) {
   metrics::Metrics m;
   m.setJobPhase("ns", "j", "Running");

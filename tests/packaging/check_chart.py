@@ -1,29 +1,41 @@
 #!/usr/bin/env python3
 """Renders the Helm chart with default and non-default values and checks the objects:
 valid YAML, the Deployment's flags, probes and security settings, least-privilege RBAC
-(no wildcards, exactly the rules the operator needs), Services, the optional Prometheus
-Operator resources, the dashboards ConfigMap, NOTES.txt and the telemetry TLS wiring."""
+(no wildcards, exactly the rules the operator needs: tests/e2e/test_chart.py proves each is
+used under the stand-in's RBAC), Services, the optional Prometheus Operator resources, the
+dashboards ConfigMap, NOTES.txt, the telemetry TLS wiring, and the chart as a dependency
+of another chart (global values, name overrides)."""
 import json
+import tempfile
+from pathlib import Path
 
-from common import (ALERTS, CHART, FULL_VALUES, dashboard_files, fail, helm_template, load_json,
+from common import (ALERTS, CHART, FULL_VALUES, ROOT, dashboard_files, fail, helm_template, load_json,
                     load_yaml, load_yaml_docs, run, tool)
 
 JOB_RULES = {
-    ("edit.io", "editjobs"): {"get", "list", "watch", "update", "patch"},
-    ("edit.io", "editjobs/status"): {"get", "update", "patch"},
+    ("edit.io", "editjobs"): {"get", "list", "watch", "delete"},
+    ("edit.io", "editjobs/status"): {"update"},
     ("edit.io", "editjobs/finalizers"): {"update"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete"},
-    ("", "services"): {"get", "list", "watch", "create", "delete"},
-    ("", "secrets"): {"get", "list", "watch", "create", "delete"},
-    ("", "configmaps"): {"get", "list", "watch", "create", "delete", "update", "patch"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+    ("", "pods"): {"list", "watch", "create", "delete", "patch"},
+    ("", "services"): {"create"},
+    ("", "configmaps"): {"create"},
+    ("", "secrets"): {"get", "create"},
+    ("", "events"): {"create"},
 }
 PODGROUP_RULES = {
-    ("scheduling.volcano.sh", "podgroups"): {"get", "list", "create", "delete"},
-    ("scheduling.x-k8s.io", "podgroups"): {"get", "list", "create", "delete"},
+    ("scheduling.volcano.sh", "podgroups"): {"create"},
+    ("scheduling.x-k8s.io", "podgroups"): {"create"},
 }
-LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+# In the release namespace: the Lease, and the leader's label on its own pod.
+LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update"}, ("", "pods"): {"patch"}}
+def leader_label():
+    """The label the leader puts on its pod, as the operator's code names it (one source)."""
+    import re
+    m = re.search(r'kLeaderLabel = "([^"]+)"', (ROOT / "operator" / "src" / "leader" / "lease.h").read_text())
+    return m.group(1)
+
+
+LEADER_LABEL = leader_label()
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
@@ -71,9 +83,13 @@ def check_deployment(docs, values, problems):
                  "--telemetry-advertise-addr=t-edit-operator-telemetry.edit-system.svc:9090"):
         if flag not in args:
             problems.append(f"Deployment: argument {flag} missing from {args}")
-    leader = values.get("replicaCount", 1) > 1
-    if ("--leader-elect" in args) != leader:
-        problems.append(f"Deployment: --leader-elect must be set exactly when replicaCount > 1 ({args})")
+    # Always: a rolling update runs two pods at once even with replicaCount 1.
+    for flag in ("--leader-elect", "--lease-namespace=edit-system"):
+        if flag not in args:
+            problems.append(f"Deployment: {flag} missing from {args}")
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c.get("env", [])}
+    if env.get("POD_NAME") != "metadata.name" or env.get("POD_NAMESPACE") != "metadata.namespace":
+        problems.append(f"Deployment: POD_NAME/POD_NAMESPACE from the downward API are needed (the leader labels its pod): {env}")
     if not c.get("resources", {}).get("requests"):
         problems.append("Deployment: no resource requests")
     check_telemetry_tls(pod, c, args, values.get("telemetry", {}).get("tls", {}), problems)
@@ -133,11 +149,8 @@ def check_rbac(docs, values, problems):
     if len(roles) != 1 or flatten_rules(roles[0]) != want:
         problems.append(f"ClusterRole rules {[flatten_rules(r) for r in roles]}, want {want}")
     leases = by_kind(docs, "Role")
-    if values.get("replicaCount", 1) > 1:
-        if len(leases) != 1 or flatten_rules(leases[0]) != LEASE_RULES:
-            problems.append(f"leader election Role: {[flatten_rules(r) for r in leases]}, want {LEASE_RULES}")
-    elif leases:
-        problems.append("a Role for leases is rendered without leader election")
+    if len(leases) != 1 or flatten_rules(leases[0]) != LEASE_RULES or leases[0]["metadata"]["namespace"] != "edit-system":
+        problems.append(f"leader election Role: {[flatten_rules(r) for r in leases]}, want {LEASE_RULES} in edit-system")
     namespaces = values.get("namespaces", [])
     crbs, rbs = by_kind(docs, "ClusterRoleBinding"), by_kind(docs, "RoleBinding")
     job_rbs = sorted(b["metadata"]["namespace"] for b in rbs if b["roleRef"]["kind"] == "ClusterRole")
@@ -156,6 +169,18 @@ def check_services(docs, problems):
     ports = sorted(p["port"] for s in by_kind(docs, "Service") for p in s["spec"]["ports"])
     if ports != [8080, 9090]:
         problems.append(f"Services expose ports {ports}, want metrics 8080 and telemetry 9090")
+    pod_labels = by_kind(docs, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
+    for svc in by_kind(docs, "Service"):
+        sel = svc["spec"]["selector"]
+        telemetry = svc["metadata"]["name"].endswith("-telemetry")
+        # Telemetry goes to the leader only (it alone knows the jobs' tokens); metrics to every replica.
+        if telemetry and sel.get(LEADER_LABEL) != "true":
+            problems.append(f"Service {svc['metadata']['name']}: selector {sel} must require {LEADER_LABEL}=true")
+        rest = {k: v for k, v in sel.items() if k != LEADER_LABEL}
+        if not telemetry and LEADER_LABEL in sel:
+            problems.append(f"Service {svc['metadata']['name']}: selects only the leader: {sel}")
+        if any(pod_labels.get(k) != v for k, v in rest.items()):
+            problems.append(f"Service {svc['metadata']['name']}: selector {sel} does not match the pods {pod_labels}")
 
 
 def check_monitoring(docs, want, problems):
@@ -191,9 +216,36 @@ def check_notes(values_file, problems):
         args += ["-f", values_file]
     out = run(args)
     notes = out.split("NOTES:", 1)[1] if "NOTES:" in out else ""
-    for want in ("kubectl apply -f examples/editjob-tiny.yaml", "kubectl get ej -w"):
+    for want in ("kubectl apply -f examples/cluster/storage.yaml", "kubectl apply -f examples/cluster/prepare-data.yaml",
+                 "kubectl apply -f examples/cluster/editjob-aedit.yaml", "kubectl get ej -w"):
         if want not in notes:
             problems.append(f"NOTES.txt does not say '{want}'")
+
+
+def check_as_dependency(problems):
+    """The chart as a dependency of another chart: Helm hands it the parent's global values
+    (values.schema.json must accept them), and nameOverride/fullnameOverride rename it."""
+    with tempfile.TemporaryDirectory() as d:
+        parent = Path(d) / "parent"
+        (parent / "charts").mkdir(parents=True)
+        (parent / "Chart.yaml").write_text(
+            "apiVersion: v2\nname: parent\nversion: 1.0.0\n"
+            "dependencies:\n  - name: edit-operator\n    version: '>=0.0.0'\n")
+        (parent / "values.yaml").write_text(
+            "global:\n  imageRegistry: registry.example\n"
+            "edit-operator:\n  nameOverride: trainer\n  fullnameOverride: ml-trainer\n")
+        try:
+            run([tool("helm"), "package", CHART, "--destination", parent / "charts"])
+            docs = load_yaml_docs(run([tool("helm"), "template", "rel", parent, "--namespace", "ml"]))
+        except RuntimeError as e:
+            problems.append(f"as a dependency with global values: {str(e)[-500:]}")
+            return
+    deps = by_kind(docs, "Deployment")
+    names = sorted(d["metadata"]["name"] for d in docs if d["kind"] in ("Deployment", "ServiceAccount", "ClusterRole"))
+    if names != ["ml-trainer", "ml-trainer", "ml-trainer-jobs"]:
+        problems.append(f"as a dependency: fullnameOverride ml-trainer not used: {names}")
+    if deps and deps[0]["metadata"]["labels"].get("app.kubernetes.io/name") != "trainer":
+        problems.append(f"as a dependency: nameOverride trainer not in the labels {deps[0]['metadata']['labels']}")
 
 
 def check_docs(docs, problems):
@@ -228,6 +280,7 @@ def main():
     if [c["metadata"]["name"] for c in crds] != ["editjobs.edit.io"]:
         problems.append(f"--include-crds renders {[c['metadata']['name'] for c in crds]}")
     check_tls_values_required(problems)
+    check_as_dependency(problems)
     check_notes(None, problems)
     check_notes(FULL_VALUES, problems)
     fail(problems, "chart")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """crds/editjob.yaml: names, printer columns, a structural schema with a description on
-every field, valid defaults, CEL rules that name existing fields, the worker-config
+every field, valid defaults, CEL rules that name existing fields, transition rules that
+keep every spec field but runPolicy and stragglerPolicy immutable, the worker-config
 sections mirroring runtime/src/config.h (names, nesting, types, defaults), and every
 EDiTJob under examples/ valid against the schema."""
 import re
@@ -19,7 +20,14 @@ CXX_TYPES = {"int64_t": "integer", "int": "integer", "uint64_t": "integer", "dou
              "bool": "boolean", "std::string": "string"}
 COLUMNS = {"Phase": ".status.phase", "Step": ".status.progress.step", "Loss": ".status.progress.loss",
            "Tokens/s": ".status.progress.tokensPerSecond", "Stragglers": ".status.stragglerCount",
-           "Age": ".metadata.creationTimestamp"}
+           "Age": ".metadata.creationTimestamp", "Restarts": ".status.restarts", "Message": ".status.message"}
+# kubectl get -o wide only (priority 1).
+WIDE_COLUMNS = {"Restarts", "Mode", "Replicas", "Shards"}
+# spec fields that may change on a running job (the operator applies them at the next
+# reconcile); every other field has a transition rule. runPolicy.replicaRecovery does not
+# (the workers' config is made from it).
+MUTABLE = {"runPolicy", "stragglerPolicy"}
+IMMUTABLE_INSIDE = {"runPolicy": ["replicaRecovery"]}
 CEL_REQUIRED = {  # schema node -> a word its rules must mention
     "spec": "4096", "spec.algorithm": "syncSeconds", "spec.model": "heads"}
 
@@ -117,9 +125,47 @@ def check_structure(schema, problems):
         for rule in node.get("x-kubernetes-validations", []):
             if not rule.get("message"):
                 problems.append(f"{where}: CEL rule without message: {rule.get('rule')}")
-            for ref in re.findall(r"self((?:\.\w+)+)", rule.get("rule", "")):
-                if resolve(node, ref[1:]) is None:
+            for ref, call in re.findall(r"(?<!\w)(?:self|oldSelf)((?:\.\w+)+)(\()?", rule.get("rule", "")):
+                if call:  # self.all(...), self.x.startsWith(...): the last name is a method
+                    ref = ref.rsplit(".", 1)[0]
+                if ref and resolve(node, ref[1:]) is None:
                     problems.append(f"{where}: CEL rule names a missing field self{ref}")
+
+
+def transition_rules(node):
+    """{field: rule} of the node's rules that compare a field with its old value."""
+    out = {}
+    for r in node.get("x-kubernetes-validations", []):
+        if "oldSelf" in r.get("rule", "") and r.get("fieldPath", "").startswith("."):
+            out[r["fieldPath"][1:]] = r
+    return out
+
+
+def check_immutable(spec, problems):
+    """Each immutable field: a rule on its parent (present on every update, so adding or
+    removing an optional field counts too) comparing it with oldSelf, with fieldPath and a
+    message naming it; no rule on the mutable ones."""
+    def check(node, fields, prefix):
+        rules = transition_rules(node)
+        for f in fields:
+            r = rules.get(f)
+            want = f"has(self.{f}) == has(oldSelf.{f}) && (!has(self.{f}) || self.{f} == oldSelf.{f})"
+            if r is None:
+                problems.append(f"{prefix}.{f}: no transition rule (every field but {sorted(MUTABLE)} is immutable)")
+            elif r["rule"] != want or f"{prefix}.{f}" not in r.get("message", "") or \
+                    r.get("reason") != "FieldValueForbidden":
+                problems.append(f"{prefix}.{f}: transition rule must be '{want}', reason FieldValueForbidden, "
+                                f"message naming {prefix}.{f}: {r}")
+        for extra in sorted(set(rules) - set(fields)):
+            problems.append(f"{prefix}.{extra}: has a transition rule but is meant to be mutable")
+
+    props = spec.get("properties") or {}
+    check(spec, [f for f in props if f not in MUTABLE], "spec")
+    for parent, fields in IMMUTABLE_INSIDE.items():
+        check(props[parent], fields, f"spec.{parent}")
+    for f in MUTABLE - set(IMMUTABLE_INSIDE):
+        if transition_rules(props.get(f, {})):
+            problems.append(f"spec.{f}: mutable, but has transition rules")
 
 
 def check_crd(crd, problems):
@@ -142,6 +188,13 @@ def check_crd(crd, problems):
     for name, jp in COLUMNS.items():
         if cols.get(name) != jp:
             problems.append(f"printer column {name}: {cols.get(name)!r}, want {jp}")
+    for c in v.get("additionalPrinterColumns", []):
+        if (c.get("priority", 0) == 1) != (c["name"] in WIDE_COLUMNS):
+            problems.append(f"printer column {c['name']}: priority {c.get('priority', 0)}, "
+                            f"want 1 exactly for {sorted(WIDE_COLUMNS)}")
+    names = [c["name"] for c in v.get("additionalPrinterColumns", [])]
+    if names and names[-1] != "Message":
+        problems.append(f"printer columns {names}: Message must be last (it has spaces; it may be long)")
     for name, jp in cols.items():
         if not jp.startswith(".metadata.") and resolve(schema, jp[1:]) is None:
             problems.append(f"printer column {name}: {jp} is not in the schema")
@@ -150,6 +203,7 @@ def check_crd(crd, problems):
         if word not in rules:
             problems.append(f"{node_path}: no CEL rule about {word}")
     check_structure(schema, problems)
+    check_immutable(schema["properties"]["spec"], problems)
     check_mirror(schema["properties"]["spec"], problems)
     return schema
 

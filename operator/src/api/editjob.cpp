@@ -138,6 +138,37 @@ StragglerPolicy parseStragglerPolicy(const json& spec) {
   return sp;
 }
 
+// Every value of an object must be a string (labels, annotations).
+json getStringMap(const json& obj, const char* key, const std::string& path) {
+  json m = getObject(obj, key, path);
+  for (auto it = m.begin(); it != m.end(); ++it)
+    require(it.value().is_string(), path + "." + key + "[\"" + it.key() + "\"]", "must be a string");
+  return m;
+}
+
+PodTemplateOverride parsePodTemplate(const json& spec) {
+  PodTemplateOverride t;
+  const std::string p = "spec.podTemplate";
+  json o = getObject(spec, "podTemplate", "spec");
+  json md = getObject(o, "metadata", p);
+  t.labels = getStringMap(md, "labels", p + ".metadata");
+  for (auto it = t.labels.begin(); it != t.labels.end(); ++it)
+    require(it.key().rfind("edit.io/", 0) != 0, p + ".metadata.labels[\"" + it.key() + "\"]",
+            "labels under edit.io/ are set by the operator");
+  t.annotations = getStringMap(md, "annotations", p + ".metadata");
+  json ps = getObject(o, "spec", p);
+  t.imagePullSecrets = getArray(ps, "imagePullSecrets", p + ".spec");
+  for (size_t i = 0; i < t.imagePullSecrets.size(); ++i) {
+    const json& e = t.imagePullSecrets[i];
+    require(e.is_object() && e.contains("name") && e["name"].is_string() && !e["name"].get<std::string>().empty(),
+            p + ".spec.imagePullSecrets[" + std::to_string(i) + "].name", "is required");
+  }
+  if (field(ps, "securityContext")) t.securityContext = getObject(ps, "securityContext", p + ".spec");
+  if (field(ps, "containerSecurityContext"))
+    t.containerSecurityContext = getObject(ps, "containerSecurityContext", p + ".spec");
+  return t;
+}
+
 void validateWorkerSections(const EDiTJobSpec& s) {
   if (auto* mode = field(s.algorithm, "mode")) {
     require(mode->is_string(), "spec.algorithm.mode", "must be a string");
@@ -226,6 +257,7 @@ EDiTJobSpec parseSpec(const json& obj) {
   s.checkpoint = getObject(spec, "checkpoint", p);
   s.debug = getObject(spec, "debug", p);
   validateWorkerSections(s);
+  s.podTemplate = parsePodTemplate(spec);
   s.runPolicy = parseRunPolicy(spec);
   s.stragglerPolicy = parseStragglerPolicy(spec);
   return s;

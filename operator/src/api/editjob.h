@@ -47,6 +47,16 @@ struct StragglerPolicy {
   int minReports = 5;            // a rank needs this many reports before it is scored
 };
 
+// spec.podTemplate: what a user may add to or replace in the worker pods (in the manner of
+// Kubeflow Trainer's pod template overrides).
+struct PodTemplateOverride {
+  nlohmann::json labels = nlohmann::json::object();       // added; the operator's edit.io/ labels win
+  nlohmann::json annotations = nlohmann::json::object();  // added; the operator's win
+  nlohmann::json imagePullSecrets = nlohmann::json::array();
+  std::optional<nlohmann::json> securityContext;           // replaces the pod's default
+  std::optional<nlohmann::json> containerSecurityContext;  // replaces the worker container's default
+};
+
 struct EDiTJobSpec {
   int replicas = 1;              // M
   int shardsPerReplica = 1;      // N
@@ -73,6 +83,7 @@ struct EDiTJobSpec {
   nlohmann::json algorithm = nlohmann::json::object();
   nlohmann::json checkpoint = nlohmann::json::object();
   nlohmann::json debug = nlohmann::json::object();
+  PodTemplateOverride podTemplate;
   RunPolicy runPolicy;
   StragglerPolicy stragglerPolicy;
 

@@ -13,6 +13,8 @@ const char* kCheckpointMount = "/checkpoints";
 const char* kDataMount = "/data";
 // Each worker serves its Prometheus /metrics here (the chart's PodMonitor scrapes port "metrics").
 const int kWorkerMetricsPort = 9400;
+// uid and gid of the runtime image's user (Dockerfile, target runtime).
+const int kRuntimeImageGid = 65532;
 
 std::string b64(const std::string& in) {
   static const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -174,9 +176,12 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
   int shard = rank % s.shardsPerReplica;
   std::string pod = podName(name, rank);
 
-  json labels = {{kLabelJob, name}, {kLabelRank, std::to_string(rank)}, {kLabelReplica, std::to_string(replica)},
-                 {kLabelShard, std::to_string(shard)}, {kLabelGeneration, std::to_string(restartGeneration)}};
-  json annotations = json::object();
+  // The job's own labels and annotations first: the operator's (edit.io/*, gang
+  // scheduling) overwrite them.
+  json labels = s.podTemplate.labels;
+  labels.update({{kLabelJob, name}, {kLabelRank, std::to_string(rank)}, {kLabelReplica, std::to_string(replica)},
+                 {kLabelShard, std::to_string(shard)}, {kLabelGeneration, std::to_string(restartGeneration)}});
+  json annotations = s.podTemplate.annotations;
   std::string gang = gangScheduler(s.schedulerName);
   if (gang == "volcano") annotations["scheduling.k8s.io/group-name"] = name;
   if (gang == "coscheduling") labels["scheduling.x-k8s.io/pod-group"] = name;
@@ -234,7 +239,19 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
     mounts.push_back({{"name", "edit-telemetry-ca"}, {"mountPath", kTelemetryCaDir}, {"readOnly", true}});
   }
 
+  // Restricted Pod Security Standard by default, so that workers run in namespaces that
+  // enforce it; spec.podTemplate replaces either part as a whole.
+  json containerSecurity = s.podTemplate.containerSecurityContext.value_or(
+      json{{"allowPrivilegeEscalation", false}, {"capabilities", {{"drop", json::array({"ALL"})}}}, {"runAsNonRoot", true}});
+  json podSecurity = s.podTemplate.securityContext.value_or(
+      json{{"runAsNonRoot", true},
+           {"seccompProfile", {{"type", "RuntimeDefault"}}},
+           // The runtime image's group: new checkpoint and data volumes are writable.
+           {"fsGroup", kRuntimeImageGid},
+           {"fsGroupChangePolicy", "OnRootMismatch"}});
+
   json container = {{"name", "worker"}, {"image", s.image}, {"command", s.command}, {"env", env},
+                    {"securityContext", containerSecurity},
                     {"ports", json::array({{{"name", "master"}, {"containerPort", s.masterPort}, {"protocol", "TCP"}},
                                            {{"name", "metrics"}, {"containerPort", kWorkerMetricsPort}, {"protocol", "TCP"}}})}};
   if (!s.args.empty()) container["args"] = s.args;
@@ -268,6 +285,7 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
   json spec = {{"hostname", pod},
                {"subdomain", serviceName(name)},
                {"restartPolicy", "Never"},
+               {"securityContext", podSecurity},
                {"containers", json::array({container})},
                {"affinity", affinity},
                {"topologySpreadConstraints", spread}};
@@ -277,6 +295,7 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
   if (!s.priorityClassName.empty()) spec["priorityClassName"] = s.priorityClassName;
   if (!s.schedulerName.empty()) spec["schedulerName"] = s.schedulerName;
   if (!s.serviceAccountName.empty()) spec["serviceAccountName"] = s.serviceAccountName;
+  if (!s.podTemplate.imagePullSecrets.empty()) spec["imagePullSecrets"] = s.podTemplate.imagePullSecrets;
 
   json metadata = {{"name", pod}, {"namespace", ns}, {"labels", labels},
                    {"ownerReferences", json::array({ownerReference(job.meta)})}};

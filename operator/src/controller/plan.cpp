@@ -54,6 +54,10 @@ ObservedPod observePod(const json& pod) {
   o.phase = status.value("phase", "Pending");
   o.node = pod.value("spec", json::object()).value("nodeName", "");
   o.reason = status.value("reason", "");
+  if (o.reason == "Evicted") o.disruption = "Evicted";
+  for (const auto& c : status.value("conditions", json::array()))
+    if (c.value("type", "") == "DisruptionTarget" && c.value("status", "") == "True")
+      o.disruption = c.value("reason", "DisruptionTarget");
   for (const auto& cs : status.value("containerStatuses", json::array())) {
     for (const char* which : {"state", "lastState"}) {
       const json st = cs.value(which, json::object());
@@ -124,12 +128,14 @@ class Planner {
     restartGen_ = st_.value("restartGeneration", 0);
     restarts_ = st_.value("restarts", 0);
     recoveries_ = st_.value("replicaRecoveries", 0);
+    disruptions_ = st_.value("disruptions", 0);
     recovery_ = RecoveryRecord::fromStatus(st_);
     if (!recovery_) st_.erase("recovery");  // unreadable: nothing to resume
   }
 
   Plan run() {
     st_["observedGeneration"] = gen_;
+    st_["restarts"] = restarts_;  // 0 shows in kubectl get ej -o wide (RESTARTS), not blank
     if (!in_.spec) return invalid();
     spec_ = &*in_.spec;
     countWorkers();
@@ -155,6 +161,7 @@ class Planner {
     }
 
     if (deadlineExceeded()) return done();
+    noteDisruptions();
     if (handleFailures()) return done();
     if (succeeded()) return done();
     createMissing();
@@ -251,6 +258,7 @@ class Planner {
       st_.erase("startTime");  // the deadline counts from the next start
     }
     clearRecovery("Suspended", "job suspended");  // resuming creates a whole new gang
+    clearDisruption("Suspended", "job suspended");
     return done();
   }
 
@@ -262,6 +270,7 @@ class Planner {
     if (findCondition(st_, "Running")) cond("Running", "False", reason, msg);
     if (findCondition(st_, "Restarting")) cond("Restarting", "False", reason, msg);
     clearRecovery(reason, msg);
+    clearDisruption(reason, msg);
     event("Warning", reason, msg);
     cleanup(stopRunning);
     scheduleTtl();
@@ -301,8 +310,48 @@ class Planner {
     plan_.requeueAfterSeconds = 1;
   }
 
-  // Gang restarts and in-place recoveries share runPolicy.backoffLimit.
-  int budgetUsed() const { return restarts_ + recoveries_; }
+  // Gang restarts and in-place recoveries share runPolicy.backoffLimit; those a disruption
+  // caused are free (as a batch Job's podFailurePolicy Ignore on DisruptionTarget).
+  int budgetUsed() const { return restarts_ + recoveries_ - disruptions_; }
+
+  // Records a disruption of a current pod in the Disrupted condition, so that the failures
+  // it causes later (the other workers checkpoint and exit 143 when one gets SIGTERM) are
+  // still recognized once the evicted pod is gone.
+  void noteDisruptions() {
+    if (conditionTrue(st_, "Disrupted")) return;
+    for (const auto* p : current()) {
+      if (p->disruption.empty()) continue;
+      const std::string msg = "pod " + p->name + " is being taken away (" + p->disruption +
+                              "); the restart it causes (workers stopping with exit 143) does not count "
+                              "against runPolicy.backoffLimit";
+      cond("Disrupted", "True", p->disruption, msg);
+      event("Warning", "Disrupted", msg);
+      return;
+    }
+  }
+
+  // A failure is the disruption's doing when a failed pod was itself taken away, or when a
+  // disruption was seen and every failed worker stopped with 143: edit-train's workers
+  // checkpoint and stop together when one of them gets SIGTERM (the evicted pod may be
+  // gone by the time its peers exit). A crash of its own (any other code) is charged.
+  bool causedByDisruption(const std::vector<const ObservedPod*>& failed) const {
+    bool allStopped = !failed.empty();
+    for (const auto* p : failed) {
+      if (!p->disruption.empty()) return true;
+      if (p->exitCode != 143) allStopped = false;
+    }
+    return allStopped && conditionTrue(st_, "Disrupted");
+  }
+
+  // Whether the failure being handled comes from a disruption; if so it is counted in
+  // status.disruptions (and so not against the budget) and the condition is consumed.
+  bool consumeDisruption(const std::string& what) {
+    if (!conditionTrue(st_, "Disrupted")) return false;
+    disruptions_++;
+    st_["disruptions"] = disruptions_;
+    cond("Disrupted", "False", "Handled", what + " after the disruption (not counted against runPolicy.backoffLimit)");
+    return true;
+  }
 
   bool handleFailures() {
     std::vector<const ObservedPod*> failed;  // failures not acted on yet
@@ -322,6 +371,7 @@ class Planner {
       return true;
     }
     std::string reason, msg;
+    bool disrupted = false;
     if (!failed.empty()) {
       reason = "WorkerFailed";
       msg = describeExits(failed);
@@ -331,9 +381,11 @@ class Planner {
         replaceInPlace(failed, msg);
         return true;
       }
-      if (why.empty() && budgetUsed() < spec_->runPolicy.backoffLimit) {
+      disrupted = causedByDisruption(failed);
+      if (why.empty() && (disrupted || budgetUsed() < spec_->runPolicy.backoffLimit)) {
         recoveries_++;
         st_["replicaRecoveries"] = recoveries_;
+        if (disrupted) consumeDisruption("in-place recovery");
         recovery_ = RecoveryRecord{{}, now_, {}};
         replaceInPlace(failed, msg);
         return true;
@@ -353,12 +405,17 @@ class Planner {
     } else {
       return false;
     }
-    if (budgetUsed() >= spec_->runPolicy.backoffLimit) {
+    if (!disrupted && budgetUsed() >= spec_->runPolicy.backoffLimit) {
       fail("BackoffLimitExceeded", msg + "; runPolicy.backoffLimit=" + std::to_string(spec_->runPolicy.backoffLimit) +
                                        " already used (" + std::to_string(restarts_) + " gang restarts, " +
-                                       std::to_string(recoveries_) + " in-place recoveries)",
+                                       std::to_string(recoveries_) + " in-place recoveries, " +
+                                       std::to_string(disruptions_) + " of them after disruptions, not counted)",
            true);
       return true;
+    }
+    if (disrupted) {
+      consumeDisruption("gang restart");
+      msg += " after a disruption";
     }
     restart(reason, msg);
     return true;
@@ -470,6 +527,10 @@ class Planner {
     list.push_back({{"rank", rank}, {"node", node}});
   }
 
+  void clearDisruption(const std::string& reason, const std::string& msg) {
+    if (conditionTrue(st_, "Disrupted")) cond("Disrupted", "False", reason, msg);
+  }
+
   bool recoveryYoungerThanHangTimeout() const {
     if (!recovery_ || spec_->hangTimeoutSeconds <= 0) return false;
     const std::time_t started = log::parseRfc3339(recovery_->startTime);
@@ -495,6 +556,7 @@ class Planner {
     if (findCondition(st_, "Running")) cond("Running", "False", "Completed", "job finished");
     if (findCondition(st_, "Restarting")) cond("Restarting", "False", "Completed", "job finished");
     clearRecovery("Completed", "job finished");
+    clearDisruption("Completed", "job finished");
     if (conditionTrue(st_, "Hung")) cond("Hung", "False", "Completed", "job finished");
     event("Normal", "Succeeded", st_["message"]);
     mergeTelemetry();
@@ -522,10 +584,13 @@ class Planner {
     if (static_cast<int>(plan_.ranksToCreate.size()) == spec_->worldSize()) {
       // Nothing left to join (e.g. every pod was deleted): a new gang, no replacements.
       clearRecovery("GangRecreated", "every worker pod was gone; creating the gang again");
-      plan_.gangCreated = true;
-      event("Normal", "Created",
-            "creating " + std::to_string(spec_->worldSize()) + " worker pods (restart generation " +
-                std::to_string(restartGen_) + ")");
+      // Once per gang: a retry after a refused create (phase still Created) is not a new one.
+      if (phase_ != "Created") {
+        plan_.gangCreated = true;
+        event("Normal", "Created",
+              "creating " + std::to_string(spec_->worldSize()) + " worker pods (restart generation " +
+                  std::to_string(restartGen_) + ")");
+      }
     }
     if (recovery_)
       for (int r : plan_.ranksToCreate)
@@ -627,6 +692,7 @@ class Planner {
   int restartGen_ = 0;
   int restarts_ = 0;
   int recoveries_ = 0;                      // status.replicaRecoveries
+  int disruptions_ = 0;                     // status.disruptions: of those, caused by a disruption
   std::optional<RecoveryRecord> recovery_;  // status.recovery: ranks being replaced in place
 };
 

@@ -27,6 +27,10 @@ struct ObservedPod {
   std::optional<int> exitCode;
   std::string node;
   std::string reason;        // terminated reason or pod status reason
+  // Set when the pod is being taken away rather than failing on its own: its
+  // DisruptionTarget condition (eviction, node drain, preemption, taint) or a kubelet
+  // eviction (status.reason Evicted). Such a failure does not spend backoffLimit.
+  std::string disruption;    // e.g. "EvictionByEvictionAPI"; "" when none
 };
 
 ObservedPod observePod(const json& pod);

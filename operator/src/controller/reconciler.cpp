@@ -23,17 +23,37 @@ json progressJson(const telemetry::Progress& p) {
   return j;
 }
 
-bool createIgnoringExists(kube::Client& c, const kube::ResourceType& rt, const std::string& ns, const json& obj) {
+constexpr auto kFailedCreateRepeat = std::chrono::minutes(5);
+
+}  // namespace
+
+bool Reconciler::createChild(const kube::ResourceType& rt, const json& obj, const json& jobObj) {
+  const std::string ns = obj["metadata"].value("namespace", "");
   try {
-    c.create(rt, ns, obj);
+    client_.create(rt, ns, obj);
     return true;
   } catch (const ApiError& e) {
     if (e.conflict()) return false;  // deterministic name: it already exists
+    // The API's own words ("pods \"x\" is forbidden: violates PodSecurity ..."), without our prefix.
+    std::string apiMessage = e.what();
+    if (apiMessage.rfind("HTTP ", 0) == 0 && apiMessage.find(": ") != std::string::npos)
+      apiMessage = apiMessage.substr(apiMessage.find(": ") + 2);
+    std::string kind = rt.kind;
+    std::transform(kind.begin(), kind.end(), kind.begin(), [](unsigned char c) { return std::tolower(c); });
+    const std::string msg = "Error creating " + kind + " " + obj["metadata"].value("name", "") + ": " + apiMessage;
+    const std::string uid = jobObj["metadata"].value("uid", "");
+    bool repeat = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto now = std::chrono::steady_clock::now();
+      auto it = lastFailedCreate_.find(uid);
+      repeat = it != lastFailedCreate_.end() && it->second.first == msg && now - it->second.second < kFailedCreateRepeat;
+      if (!repeat) lastFailedCreate_[uid] = {msg, now};
+    }
+    if (!repeat) events_.record(jobObj, "Warning", "FailedCreate", msg);
     throw;
   }
 }
-
-}  // namespace
 
 std::vector<json> Reconciler::ownedPods(const json& job, const api::JobMeta& meta) {
   std::vector<json> out;
@@ -63,7 +83,7 @@ std::vector<json> Reconciler::ownedPods(const json& job, const api::JobMeta& met
   return out;
 }
 
-std::string Reconciler::ensureToken(const JobRef& job, bool mayCreate) {
+std::string Reconciler::ensureToken(const JobRef& job, bool mayCreate, const json& jobObj) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = tokens_.find(job.meta.uid);
@@ -73,7 +93,7 @@ std::string Reconciler::ensureToken(const JobRef& job, bool mayCreate) {
   auto secret = client_.tryGet(res::Secrets, job.meta.ns, secretName(job.meta.name));
   if (!secret && mayCreate) {
     // Created once; a lost race (409) means another writer made it: read theirs.
-    if (createIgnoringExists(client_, res::Secrets, job.meta.ns, desiredSecret(job, randomToken())))
+    if (createChild(res::Secrets, desiredSecret(job, randomToken()), jobObj))
       log::info("created telemetry secret", {{"namespace", job.meta.ns}, {"job", job.meta.name}});
     secret = client_.tryGet(res::Secrets, job.meta.ns, secretName(job.meta.name));
   }
@@ -89,29 +109,29 @@ std::string Reconciler::ensureToken(const JobRef& job, bool mayCreate) {
   return token;
 }
 
-void Reconciler::ensureChildren(const JobRef& job) {
+void Reconciler::ensureChildren(const JobRef& job, const json& jobObj) {
   const std::string& ns = job.meta.ns;
-  createIgnoringExists(client_, res::ConfigMaps, ns, desiredConfigMap(job));
-  createIgnoringExists(client_, res::Services, ns, desiredService(job));
+  createChild(res::ConfigMaps, desiredConfigMap(job), jobObj);
+  createChild(res::Services, desiredService(job), jobObj);
   json pg = desiredPodGroup(job);
   if (!pg.empty()) {
     const auto& rt = pg["apiVersion"] == "scheduling.volcano.sh/v1beta1" ? res::VolcanoPodGroups : res::CoschedulingPodGroups;
     try {
-      createIgnoringExists(client_, rt, ns, pg);
+      createChild(rt, pg, jobObj);
     } catch (const ApiError& e) {
-      // No gang scheduler installed: pods still get created; say so once per attempt.
+      // No gang scheduler installed (the event says so): the pods are still created.
       log::warn("could not create PodGroup", {{"namespace", ns}, {"job", job.meta.name}, {"error", e.what()}});
     }
   }
 }
 
 void Reconciler::createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
-                            const std::vector<int>& joiningRanks, const json& status) {
+                            const std::vector<int>& joiningRanks, const json& status, const json& jobObj) {
   auto avoid = avoidNodesFromStatus(status);
   for (int rank : ranks) {
     const bool join = std::find(joiningRanks.begin(), joiningRanks.end(), rank) != joiningRanks.end();
     json pod = desiredPod(job, rank, restartGeneration, settings_, avoid[rank], join);
-    if (createIgnoringExists(client_, res::Pods, job.meta.ns, pod)) {
+    if (createChild(res::Pods, pod, jobObj)) {
       if (join)
         log::info("created replacement pod (joins the running job)",
                   {{"namespace", job.meta.ns}, {"job", job.meta.name}, {"rank", rank}});
@@ -172,7 +192,7 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
   if (in.spec) {
     job = JobRef{meta, *in.spec};
     bool finished = oldPhase == "Succeeded" || oldPhase == "Failed";
-    std::string token = ensureToken(*job, !finished);
+    std::string token = ensureToken(*job, !finished, *jobObj);
     const auto& sp = in.spec->stragglerPolicy;
     if (!token.empty())
       hub_.registerJob(ns, name, token, {sp.threshold, sp.windowSteps, sp.minReports},
@@ -215,11 +235,11 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
     client_.remove(res::Pods, ns, pod, "Background", plan.deleteImmediately ? 0 : -1);
 
   if (job && plan.ensureChildren) {
-    ensureToken(*job, true);
-    ensureChildren(*job);
+    ensureToken(*job, true, *jobObj);
+    ensureChildren(*job, *jobObj);
   }
   if (job && !plan.ranksToCreate.empty()) {
-    createPods(*job, plan.ranksToCreate, restartGen, plan.joiningRanks, st);
+    createPods(*job, plan.ranksToCreate, restartGen, plan.joiningRanks, st, *jobObj);
     if (plan.gangCreated) metrics_.jobCreated();
   }
   if (plan.deleteJob) {

@@ -35,12 +35,16 @@ class Reconciler {
 
  private:
   std::vector<json> ownedPods(const json& job, const api::JobMeta& meta);
-  std::string ensureToken(const JobRef& job, bool mayCreate);
-  void ensureChildren(const JobRef& job);
+  std::string ensureToken(const JobRef& job, bool mayCreate, const json& jobObj);
+  void ensureChildren(const JobRef& job, const json& jobObj);
   // joiningRanks: replacements of an in-place recovery (EDIT_JOIN=1); status: the job's
   // new status (status.avoidNodes).
   void createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
-                  const std::vector<int>& joiningRanks, const json& status);
+                  const std::vector<int>& joiningRanks, const json& status, const json& jobObj);
+  // Creates a child; 409 (it exists) is false. Any other refusal (Pod Security, quota,
+  // RBAC, a missing CRD) becomes a Warning event FailedCreate on the job with the API's
+  // message, as a ReplicaSet does, and is thrown on.
+  bool createChild(const kube::ResourceType& rt, const json& obj, const json& jobObj);
   TelemetryView telemetryView(const JobRef& job, const std::string& phase, const std::vector<ObservedPod>& pods);
   void forget(const std::string& ns, const std::string& name);
 
@@ -52,6 +56,9 @@ class Reconciler {
   OperatorSettings settings_;
   std::mutex mu_;
   std::map<std::string, std::string> tokens_;  // job uid -> token
+  // job uid -> the last FailedCreate message and when it was recorded: a retry that fails
+  // the same way within kFailedCreateRepeat records no new event.
+  std::map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>> lastFailedCreate_;
 };
 
 class Controller {

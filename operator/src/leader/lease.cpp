@@ -83,6 +83,7 @@ bool LeaderElector::tryAcquireOrRenew() {
 
 void LeaderElector::release() {
   if (!leader_) return;
+  if (beforeRelease_) beforeRelease_();
   leader_ = false;
   try {
     auto lease = client_.tryGet(kube::resources::Leases, s_.ns, s_.name);
@@ -137,6 +138,21 @@ bool LeaderElector::run(const std::function<void()>& onStarted, const std::atomi
   }
   release();
   return true;
+}
+
+bool setLeaderLabel(kube::Client& client, const OwnPod& pod, bool leader) {
+  if (!pod.known()) return true;
+  const kube::json value = leader ? kube::json("true") : kube::json(nullptr);
+  try {
+    client.mergePatch(kube::resources::Pods, pod.ns, pod.name, {{"metadata", {{"labels", {{kLeaderLabel, value}}}}}});
+    log::info(leader ? "labelled own pod as the leader" : "own pod not labelled as the leader",
+              {{"pod", pod.ns + "/" + pod.name}, {"label", kLeaderLabel}});
+    return true;
+  } catch (const std::exception& e) {
+    log::warn("could not label own pod (workers reach the telemetry Service only on the leader's pod)",
+              {{"pod", pod.ns + "/" + pod.name}, {"label", kLeaderLabel}, {"error", e.what()}});
+    return false;
+  }
 }
 
 }  // namespace edit::op::leader

@@ -31,6 +31,9 @@ class LeaderElector {
   // lease was lost.
   bool run(const std::function<void()>& onStarted, const std::atomic<bool>& stop);
 
+  // Runs just before a clean stop releases the Lease (while still leading).
+  void setBeforeRelease(std::function<void()> fn) { beforeRelease_ = std::move(fn); }
+
   // One acquire-or-renew attempt (exposed for tests).
   bool tryAcquireOrRenew();
   void release();
@@ -46,8 +49,25 @@ class LeaderElector {
   std::string observedHolder_;
   std::string observedRenew_;
   std::chrono::steady_clock::time_point observedAt_{};
+  std::function<void()> beforeRelease_;
 };
 
 std::string defaultIdentity();
+
+// Workers reach the leader through the chart's telemetry Service, which selects the pods
+// carrying this label; the leader sets it on its own pod and removes it before it stops
+// leading (and every replica removes it when it starts: a restarted container keeps its
+// pod's labels).
+inline constexpr const char* kLeaderLabel = "edit.io/operator-leader";
+
+// The pod this process runs in (POD_NAMESPACE, POD_NAME); empty outside a pod.
+struct OwnPod {
+  std::string ns, name;
+  bool known() const { return !ns.empty() && !name.empty(); }
+};
+
+// Sets (leader) or removes the label with a merge patch; a no-op outside a pod. Failures
+// are logged (telemetry then does not reach this replica through the Service), not thrown.
+bool setLeaderLabel(kube::Client& client, const OwnPod& pod, bool leader);
 
 }  // namespace edit::op::leader

@@ -10,7 +10,7 @@ Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       workerStep_(BuildGauge().Name("edit_worker_step_seconds").Help("Duration of the worker's last training step in seconds.").Register(*registry_)),
       workerScore_(BuildGauge().Name("edit_worker_straggler_score").Help("Worker mean step time over the window divided by the job median.").Register(*registry_)),
-      workerCommWait_(BuildGauge().Name("edit_worker_comm_wait_seconds").Help("Cumulative seconds the worker was blocked in collectives.").Register(*registry_)),
+      workerCommWait_(BuildCounter().Name("edit_worker_comm_wait_seconds_total").Help("Seconds the worker was blocked in collectives (rate(): the fraction of its time).").Register(*registry_)),
       workerCommBytes_(BuildCounter().Name("edit_worker_comm_bytes_total").Help("Bytes the worker sent, by collective and process group.").Register(*registry_)),
       workerAge_(BuildGauge().Name("edit_worker_last_report_age_seconds").Help("Seconds since the worker's last telemetry report.").Register(*registry_)),
       jobStragglers_(BuildGauge().Name("edit_job_stragglers").Help("Workers of the job over the straggler threshold.").Register(*registry_)),
@@ -63,10 +63,14 @@ void Metrics::setWorker(const WorkerSample& w) {
     s.age = &workerAge_.Add(labels);
     it = workers_.emplace(key, std::move(s)).first;
   }
-  it->second.step->Set(w.stepSeconds);
-  it->second.commWait->Set(w.commWaitSeconds);
-  it->second.lastReportUnix = w.lastReportUnix;
-  it->second.age->Set(0);
+  auto& s = it->second;
+  s.step->Set(w.stepSeconds);
+  // A restarted worker's cumulative value starts again from zero: count it from there.
+  const double delta = w.commWaitSeconds >= s.commWaitSeen ? w.commWaitSeconds - s.commWaitSeen : w.commWaitSeconds;
+  s.commWaitSeen = w.commWaitSeconds;
+  if (delta > 0) s.commWait->Increment(delta);
+  s.lastReportUnix = w.lastReportUnix;
+  s.age->Set(0);
 }
 
 void Metrics::addCommBytes(const WorkerSample& w, const std::string& op, const std::string& group,

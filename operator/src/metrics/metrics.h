@@ -1,14 +1,15 @@
-// The operator's Prometheus metrics (names fixed by docs/DESIGN.md) and their exposer.
-// Worker series are keyed by (namespace, job, rank) and replaced when the rank's pod or
-// node changes; every series of a job goes when the job is deleted.
+// The operator's Prometheus metrics (every name is listed in tests/packaging/metrics.txt,
+// which the dashboards and alert rules are checked against). Worker series are keyed by
+// (namespace, job, rank) and replaced when the rank's pod or node changes; every series
+// of a job goes when the job is deleted. main.cpp serves them on the shared PlainServer.
 #pragma once
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <map>
 #include <memory>
@@ -24,7 +25,7 @@ struct WorkerSample {
   std::string pod, node;
   double stepSeconds = 0;
   double stragglerScore = 0;
-  double commWaitSeconds = 0;     // cumulative
+  double commWaitSeconds = 0;     // cumulative since the worker process started
   double lastReportUnix = 0;      // wall clock of the last report (operator's clock)
 };
 
@@ -36,6 +37,8 @@ class Metrics {
  public:
   Metrics();
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  // The text exposition of every metric (what /metrics serves).
+  std::string scrape() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }
 
   void setWorker(const WorkerSample& w);
   // Cumulative bytes of one (op, group) from a worker; the counter grows by the increase
@@ -65,7 +68,11 @@ class Metrics {
   using RankKey = std::tuple<std::string, std::string, int>;
   struct WorkerSeries {
     std::map<std::string, std::string> labels;
-    prometheus::Gauge *step, *score, *commWait, *age;
+    prometheus::Gauge *step, *score, *age;
+    // Cumulative in the reports: exported as a counter (rate() of it is the fraction of
+    // wall time spent waiting), grown by each report's increase.
+    prometheus::Counter* commWait;
+    double commWaitSeen = 0;
     std::map<std::pair<std::string, std::string>, std::pair<prometheus::Counter*, double>> bytes;
     double lastReportUnix = 0;
   };
@@ -87,7 +94,7 @@ class Metrics {
 
   prometheus::Family<prometheus::Gauge>& workerStep_;
   prometheus::Family<prometheus::Gauge>& workerScore_;
-  prometheus::Family<prometheus::Gauge>& workerCommWait_;
+  prometheus::Family<prometheus::Counter>& workerCommWait_;
   prometheus::Family<prometheus::Counter>& workerCommBytes_;
   prometheus::Family<prometheus::Gauge>& workerAge_;
   prometheus::Family<prometheus::Gauge>& jobStragglers_;

@@ -121,6 +121,8 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
   std::vector<WorkerScore> scores;
   Progress prog;
   size_t stragglerCount = 0;
+  if (!serving_)
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this edit-operator replica is not the leader; retry");
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find({r.namespace_(), r.job()});

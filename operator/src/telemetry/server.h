@@ -2,6 +2,7 @@
 // that keeps per-job state, checks tokens, feeds the metrics and queues commands.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -55,8 +56,13 @@ class TelemetryHub {
   // Called (outside locks) after each accepted report, e.g. to enqueue the job.
   void setOnReport(std::function<void(const std::string& ns, const std::string& job)> cb) { onReport_ = std::move(cb); }
 
+  // Only the leader takes reports (it alone reconciles and knows the tokens); a replica
+  // that does not lead answers UNAVAILABLE, and workers retry with backoff.
+  void setServing(bool serving) { serving_ = serving; }
+
   // --- server side ---
-  // PERMISSION_DENIED for an unknown job or a wrong token; fills commands to send back.
+  // UNAVAILABLE while not serving; PERMISSION_DENIED for an unknown job or a wrong token;
+  // fills commands to send back.
   grpc::Status accept(const edit::v1alpha1::WorkerReport& r, std::vector<edit::v1alpha1::Command>* commands);
 
   // Refreshes edit_worker_last_report_age_seconds.
@@ -74,6 +80,7 @@ class TelemetryHub {
   using Key = std::pair<std::string, std::string>;
 
   metrics::Metrics* metrics_;
+  std::atomic<bool> serving_{true};
   mutable std::mutex mu_;
   std::map<Key, Job> jobs_;
   std::function<void(const std::string&, const std::string&)> onReport_;

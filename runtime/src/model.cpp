@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <cmath>
+#include <limits>
 
 #include "data.h"
 
@@ -34,14 +35,12 @@ std::vector<UnitLayout> modelLayout(const ModelShape& s) {
   units.push_back(embed);
   for (int64_t l = 0; l < s.layers; ++l) {
     UnitLayout b{"block." + std::to_string(l), UnitKind::Block, {}, 0};
+    // q, k, v stacked (and gate, up stacked): one matmul each instead of three and two.
     add(b, "attn_norm", {s.dim}, 0);
-    add(b, "wq", {s.dim, s.dim}, std);
-    add(b, "wk", {s.dim, s.dim}, std);
-    add(b, "wv", {s.dim, s.dim}, std);
+    add(b, "wqkv", {3 * s.dim, s.dim}, std);
     add(b, "wo", {s.dim, s.dim}, outStd);
     add(b, "ffn_norm", {s.dim}, 0);
-    add(b, "w1", {s.ffn, s.dim}, std);
-    add(b, "w3", {s.ffn, s.dim}, std);
+    add(b, "w13", {2 * s.ffn, s.dim}, std);
     add(b, "w2", {s.dim, s.ffn}, outStd);
     units.push_back(b);
   }
@@ -98,29 +97,115 @@ Rope makeRope(const ModelShape& s, int64_t seqLen) {
   auto invFreq = torch::pow(s.ropeTheta, -2.0 * i / static_cast<double>(s.headDim()));
   auto t = torch::arange(seqLen, torch::kFloat64);
   auto angles = torch::outer(t, invFreq);
-  return {angles.cos().to(torch::kFloat32), angles.sin().to(torch::kFloat32)};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.headDim()));
+  Rope r;
+  r.cos = angles.cos().to(torch::kFloat32);
+  r.sin = angles.sin().to(torch::kFloat32);
+  r.qcos = (angles.cos() * scale).to(torch::kFloat32);
+  r.qsin = (angles.sin() * scale).to(torch::kFloat32);
+  r.mask = torch::full({seqLen, seqLen}, -std::numeric_limits<float>::infinity()).triu(1);
+  return r;
 }
+
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// RMSNorm with its backward written out: saves only x and the per-row 1/rms.
+//   y = x * r * g,  r = (mean(x^2) + eps)^-1/2
+//   dx = r * (dy*g - xh * mean(dy*g*xh)),  xh = x*r;   dg = sum_rows(dy * xh)
+struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& gain,
+                               double eps) {
+    const double d = static_cast<double>(x.size(-1));
+    auto r = at::linalg_vector_norm(x, 2, {-1}, true, c10::nullopt);  // one pass, no x^2 temporary
+    r.square_().div_(d).add_(eps).rsqrt_();
+    ctx->save_for_backward({x, gain, r});
+    return (x * r).mul_(gain);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &gain = saved[1], &r = saved[2];
+    const auto& dy = grads[0];
+    auto xh = x * r;
+    auto dg = (dy * xh).reshape({-1, x.size(-1)}).sum(0);
+    auto dyg = dy * gain;
+    auto c = (dyg * xh).mean(-1, true);
+    auto dx = dyg.sub_(xh.mul_(c)).mul_(r);
+    return {dx, dg, torch::Tensor()};
+  }
+};
+
+// Rotary embedding on [B, H, T, hd]: a rotation, so the backward is the inverse rotation
+// and nothing needs saving but the tables. Written into halves of one output: no cat.
+//   y1 = x1 c - x2 s,  y2 = x2 c + x1 s;   dx1 = d1 c + d2 s,  dx2 = d2 c - d1 s
+torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& c, const torch::Tensor& s, bool inverse) {
+  const int64_t half = x.size(-1) / 2;
+  auto y = torch::empty_like(x, at::MemoryFormat::Contiguous);
+  auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  auto y1 = y.narrow(-1, 0, half), y2 = y.narrow(-1, half, half);
+  const double sign = inverse ? 1.0 : -1.0;
+  at::mul_out(y1, x1, c).addcmul_(x2, s, sign);
+  at::mul_out(y2, x2, c).addcmul_(x1, s, -sign);
+  return y;
+}
+
+struct RopeFn : torch::autograd::Function<RopeFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return rotate(x, cos, sin, false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {rotate(grads[0], saved[0], saved[1], true), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// SwiGLU on h = [a | b]: y = silu(a) * b. Saves h only (no silu(a) or sigmoid copies).
+//   da = dy * b * s * (1 + a (1 - s)),  db = dy * silu(a),  s = sigmoid(a)
+struct SwigluFn : torch::autograd::Function<SwigluFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h) {
+    const int64_t f = h.size(-1) / 2;
+    ctx->save_for_backward({h});
+    auto a = h.narrow(-1, 0, f), b = h.narrow(-1, f, f);
+    return at::silu(a).mul_(b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto h = ctx->get_saved_variables()[0];
+    const int64_t f = h.size(-1) / 2;
+    auto a = h.narrow(-1, 0, f), b = h.narrow(-1, f, f);
+    const auto& dy = grads[0];
+    auto dh = torch::empty_like(h, at::MemoryFormat::Contiguous);
+    auto da = dh.narrow(-1, 0, f), db = dh.narrow(-1, f, f);
+    auto sg = at::sigmoid(a);
+    at::mul_out(db, a, sg).mul_(dy);                  // db = silu(a) dy
+    auto t = (1 - sg).mul_(a).add_(1).mul_(sg);       // silu'(a)
+    at::mul_out(da, dy, b).mul_(t);
+    return {dh};
+  }
+};
+}  // namespace
 
 torch::Tensor rmsNorm(const torch::Tensor& x, const torch::Tensor& gain, double eps) {
-  return x * torch::rsqrt(x.pow(2).mean(-1, true) + eps) * gain;
+  return RmsNormFn::apply(x, gain, eps);
 }
 
-torch::Tensor applyRope(const torch::Tensor& x, const Rope& rope) {
-  // Rotate the two halves of each head as pairs (x1, x2) by the position's angle.
-  const int64_t T = x.size(1), half = x.size(3) / 2;
-  auto cos = rope.cos.narrow(0, 0, T).view({1, T, 1, half});
-  auto sin = rope.sin.narrow(0, 0, T).view({1, T, 1, half});
-  auto x1 = x.narrow(3, 0, half), x2 = x.narrow(3, half, half);
-  return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, 3);
+torch::Tensor applyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t T = x.size(2), half = x.size(3) / 2;
+  return RopeFn::apply(x, cos.narrow(0, 0, T).view({T, half}), sin.narrow(0, 0, T).view({T, half}));
 }
 
-torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v) {
-  const int64_t T = q.size(2);
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
-  auto mask = torch::ones({T, T}, q.options().dtype(torch::kBool)).triu(1);
-  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
-  return torch::matmul(torch::softmax(scores, -1), v);
+torch::Tensor swiglu(const torch::Tensor& h) { return SwigluFn::apply(h); }
+
+torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& mask) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), hd = q.size(3);
+  // [B*H, T, hd] views (q, k, v are contiguous): batched matmuls with no reshape copies.
+  auto q3 = q.reshape({B * H, T, hd}), k3 = k.reshape({B * H, T, hd}), v3 = v.reshape({B * H, T, hd});
+  auto scores = torch::bmm(q3, k3.transpose(1, 2));
+  scores.add_(mask.narrow(0, 0, T).narrow(1, 0, T));  // in place: the bmm's backward needs no output
+  return torch::bmm(torch::softmax(scores, -1), v3).view({B, H, T, hd});
 }
 
 torch::Tensor embedForward(const std::vector<torch::Tensor>& p, const torch::Tensor& tokens) {
@@ -131,13 +216,14 @@ torch::Tensor blockForward(const std::vector<torch::Tensor>& p, const torch::Ten
                            const Rope& rope, const ModelShape& s) {
   const int64_t B = x.size(0), T = x.size(1), H = s.heads, hd = s.headDim();
   auto h = rmsNorm(x, p[0], s.normEps);
-  auto q = applyRope(torch::linear(h, p[1]).view({B, T, H, hd}), rope).transpose(1, 2);
-  auto k = applyRope(torch::linear(h, p[2]).view({B, T, H, hd}), rope).transpose(1, 2);
-  auto v = torch::linear(h, p[3]).view({B, T, H, hd}).transpose(1, 2);
-  auto attn = causalAttention(q, k, v).transpose(1, 2).reshape({B, T, s.dim});
-  auto x1 = x + torch::linear(attn, p[4]);
-  auto h2 = rmsNorm(x1, p[5], s.normEps);
-  auto ffn = torch::linear(torch::silu(torch::linear(h2, p[6])) * torch::linear(h2, p[7]), p[8]);
+  // One projection for q, k, v, then one copy into [3, B, H, T, hd] so every later op
+  // reads contiguous heads.
+  auto qkv = torch::linear(h, p[1]).view({B, T, 3, H, hd}).permute({2, 0, 3, 1, 4}).contiguous();
+  auto q = applyRope(qkv[0], rope.qcos, rope.qsin);  // also scales by 1/sqrt(hd)
+  auto k = applyRope(qkv[1], rope.cos, rope.sin);
+  auto attn = causalAttention(q, k, qkv[2], rope.mask).transpose(1, 2).reshape({B, T, s.dim});
+  auto x1 = x + torch::linear(attn, p[2]);
+  auto ffn = torch::linear(swiglu(torch::linear(rmsNorm(x1, p[3], s.normEps), p[4])), p[5]);
   return x1 + ffn;
 }
 

@@ -54,12 +54,20 @@ void fillInitialUnitValues(const UnitLayout& u, int index, uint64_t seed, torch:
 // Views of each parameter inside `flat` (which holds at least u.numel values).
 std::vector<torch::Tensor> parameterViews(const UnitLayout& u, const torch::Tensor& flat);
 
+// Tables every block shares for one sequence length: the rotary angles, the query's copy
+// pre-scaled by 1/sqrt(headDim) (so attention needs no scaling pass), and the additive
+// causal mask (0 on and below the diagonal, -inf above). Sliced to a shorter sequence on use.
 struct Rope {
-  torch::Tensor cos, sin;  // [seqLen, headDim/2]
+  torch::Tensor cos, sin;    // [seqLen, headDim/2]
+  torch::Tensor qcos, qsin;  // the same times 1/sqrt(headDim)
+  torch::Tensor mask;        // [seqLen, seqLen]
+  Rope to(torch::Device d) const { return {cos.to(d), sin.to(d), qcos.to(d), qsin.to(d), mask.to(d)}; }
 };
 Rope makeRope(const ModelShape& s, int64_t seqLen);
 
-// Per-unit forward functions; p are the unit's parameters in layout order.
+// Per-unit forward functions; p are the unit's parameters in layout order. A block's
+// parameters: attn_norm, wqkv ([3 dim, dim]: the q, k and v projections stacked), wo,
+// ffn_norm, w13 ([2 ffn, dim]: the gate w1 and up w3 projections stacked), w2.
 torch::Tensor embedForward(const std::vector<torch::Tensor>& p, const torch::Tensor& tokens);
 torch::Tensor blockForward(const std::vector<torch::Tensor>& p, const torch::Tensor& x,
                            const Rope& rope, const ModelShape& s);
@@ -67,10 +75,16 @@ torch::Tensor blockForward(const std::vector<torch::Tensor>& p, const torch::Ten
 torch::Tensor headLoss(const std::vector<torch::Tensor>& p, const torch::Tensor& x,
                        const torch::Tensor& targets, const ModelShape& s);
 
-// Building blocks, exposed for tests against naive implementations.
+// Building blocks, exposed for tests against naive implementations. rmsNorm, applyRope and
+// swiglu have hand-written backward passes (fewer passes over memory, less saved).
 torch::Tensor rmsNorm(const torch::Tensor& x, const torch::Tensor& gain, double eps);
-torch::Tensor applyRope(const torch::Tensor& x, const Rope& rope);  // x: [B, T, H, hd]
+// x: [B, H, T, hd]; rotates the pairs (i, i + hd/2) of each head by the position's angle,
+// with the tables cos/sin [>= T, hd/2] (Rope::cos/sin, or qcos/qsin to also scale).
+torch::Tensor applyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+// q, k, v: [B, H, T, hd], q already scaled by 1/sqrt(hd); mask [>= T, >= T] additive.
 torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v);  // [B, H, T, hd]
+                              const torch::Tensor& v, const torch::Tensor& mask);
+// silu(a) * b for h = [a | b] along the last dimension.
+torch::Tensor swiglu(const torch::Tensor& h);
 
 }  // namespace edit

@@ -94,8 +94,7 @@ void Trainer::setup() {
   detectors_.assign(units_.size(), EwmaDetector{});
   adam_ = std::make_unique<ShardedAdamW>(cfg_.training, units_);
   sync_ = syncSettingsFor(cfg_.algorithm);
-  rope_ = makeRope(shape_, cfg_.data.seqLen);
-  rope_ = {rope_.cos.to(device_), rope_.sin.to(device_)};
+  rope_ = makeRope(shape_, cfg_.data.seqLen).to(device_);
 
   // Every replica must start from the same weights (a classic bug of Local-SGD ports):
   // compare a fingerprint of this rank's slices across the sync group. (A replacement's

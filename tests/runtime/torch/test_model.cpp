@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 #include "model.h"
 
@@ -23,15 +24,18 @@ TEST(Model, RmsNormMatchesDefinition) {
 TEST(Model, RopeRotatesEachPairByPositionAngle) {
   ModelShape s{16, 8, 1, 2, 16, 10000.0, 1e-5, 0.02};
   auto rope = makeRope(s, 5);
-  auto x = torch::randn({1, 5, 2, 4});
-  auto y = applyRope(x, rope);
+  auto x = torch::randn({1, 2, 5, 4});  // [B, H, T, hd]
+  auto y = applyRope(x, rope.cos, rope.sin);
+  auto yq = applyRope(x, rope.qcos, rope.qsin);
   for (int t = 0; t < 5; ++t)
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 2; ++i) {
         const double theta = t * std::pow(10000.0, -2.0 * i / 4);
-        const double a = x[0][t][h][i].item<double>(), b = x[0][t][h][i + 2].item<double>();
-        EXPECT_NEAR(y[0][t][h][i].item<double>(), a * std::cos(theta) - b * std::sin(theta), 1e-5);
-        EXPECT_NEAR(y[0][t][h][i + 2].item<double>(), b * std::cos(theta) + a * std::sin(theta), 1e-5);
+        const double a = x[0][h][t][i].item<double>(), b = x[0][h][t][i + 2].item<double>();
+        EXPECT_NEAR(y[0][h][t][i].item<double>(), a * std::cos(theta) - b * std::sin(theta), 1e-5);
+        EXPECT_NEAR(y[0][h][t][i + 2].item<double>(), b * std::cos(theta) + a * std::sin(theta), 1e-5);
+        // The query tables also scale by 1/sqrt(hd) = 1/2.
+        EXPECT_NEAR(yq[0][h][t][i].item<double>(), (a * std::cos(theta) - b * std::sin(theta)) / 2, 1e-5);
       }
   // Rotation keeps norms.
   EXPECT_NEAR(y.norm().item<double>(), x.norm().item<double>(), 1e-4);
@@ -39,7 +43,8 @@ TEST(Model, RopeRotatesEachPairByPositionAngle) {
 
 TEST(Model, CausalAttentionMatchesNaiveLoop) {
   auto q = torch::randn({1, 1, 4, 3}), k = torch::randn({1, 1, 4, 3}), v = torch::randn({1, 1, 4, 3});
-  auto y = causalAttention(q, k, v);
+  ModelShape s{16, 3, 1, 1, 16, 10000.0, 1e-5, 0.02};
+  auto y = causalAttention(q / std::sqrt(3.0), k, v, makeRope(s, 6).mask);  // q arrives pre-scaled
   for (int i = 0; i < 4; ++i) {
     std::vector<double> w;
     double z = 0;
@@ -55,6 +60,89 @@ TEST(Model, CausalAttentionMatchesNaiveLoop) {
       EXPECT_NEAR(y[0][0][i][d].item<double>(), acc, 1e-5);
     }
   }
+}
+
+// The hand-written backward passes against autograd through the plain formulas, in double.
+namespace {
+torch::Tensor naiveRms(const torch::Tensor& x, const torch::Tensor& g, double eps) {
+  return x * torch::rsqrt(x.pow(2).mean(-1, true) + eps) * g;
+}
+torch::Tensor naiveRope(const torch::Tensor& x, const torch::Tensor& c, const torch::Tensor& s) {
+  const int64_t h = x.size(-1) / 2, T = x.size(2);
+  auto cc = c.narrow(0, 0, T), ss = s.narrow(0, 0, T);
+  auto x1 = x.narrow(-1, 0, h), x2 = x.narrow(-1, h, h);
+  return torch::cat({x1 * cc - x2 * ss, x2 * cc + x1 * ss}, -1);
+}
+torch::Tensor naiveSwiglu(const torch::Tensor& hh) {
+  const int64_t f = hh.size(-1) / 2;
+  auto a = hh.narrow(-1, 0, f), b = hh.narrow(-1, f, f);
+  return a * torch::sigmoid(a) * b;
+}
+// Gradients of sum(w * f(inputs)) for a random w, through f and through ref.
+void expectSameGradients(const std::function<torch::Tensor(std::vector<torch::Tensor>&)>& f,
+                         const std::function<torch::Tensor(std::vector<torch::Tensor>&)>& ref,
+                         std::vector<torch::Tensor> inputs) {
+  auto run = [&](const auto& fn) {
+    std::vector<torch::Tensor> in;
+    for (auto& t : inputs) in.push_back(t.detach().clone().requires_grad_(true));
+    auto y = fn(in);
+    torch::manual_seed(3);
+    auto w = torch::randn_like(y);
+    (y * w).sum().backward();
+    std::vector<torch::Tensor> out{y.detach()};
+    for (auto& t : in) out.push_back(t.grad());
+    return out;
+  };
+  auto a = run(f), b = run(ref);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-9, 1e-11)) << "output/gradient " << i << " differs by "
+                                                          << (a[i] - b[i]).abs().max().item<double>();
+}
+}  // namespace
+
+TEST(Model, FusedBackwardsMatchAutogradOfTheFormulas) {
+  auto opts = torch::dtype(torch::kFloat64);
+  expectSameGradients([](auto& in) { return rmsNorm(in[0], in[1], 1e-5); },
+                      [](auto& in) { return naiveRms(in[0], in[1], 1e-5); },
+                      {torch::randn({2, 5, 8}, opts), torch::rand({8}, opts) + 0.5});
+  auto c = torch::rand({7, 3}, opts), s = torch::rand({7, 3}, opts);
+  expectSameGradients([&](auto& in) { return applyRope(in[0], c, s); },
+                      [&](auto& in) { return naiveRope(in[0], c, s); }, {torch::randn({2, 3, 5, 6}, opts)});
+  expectSameGradients([](auto& in) { return swiglu(in[0]); }, [](auto& in) { return naiveSwiglu(in[0]); },
+                      {torch::randn({2, 5, 10}, opts) * 3});
+}
+
+TEST(Model, BlockMatchesAPlainComposition) {
+  // The whole block against the textbook formulas on separate q/k/v and gate/up matrices
+  // cut from the stacked ones, including its gradients.
+  ModelShape s{16, 8, 1, 2, 12, 10000.0, 1e-5, 0.02};
+  auto layout = modelLayout(s);
+  auto flat = initialUnitValues(layout[1], 1, 5).to(torch::kFloat64);
+  auto rope = makeRope(s, 5);
+  auto r64 = Rope{rope.cos.to(torch::kFloat64), rope.sin.to(torch::kFloat64), rope.qcos.to(torch::kFloat64),
+                  rope.qsin.to(torch::kFloat64), rope.mask.to(torch::kFloat64)};
+  auto x = torch::randn({2, 5, 8}, torch::kFloat64);
+  auto plain = [&](std::vector<torch::Tensor>& in) {
+    auto p = parameterViews(layout[1], in[1]);
+    const int64_t B = 2, T = 5, H = 2, hd = 4, d = 8, f = 12;
+    auto h = naiveRms(in[0], p[0], 1e-5);
+    auto q = torch::linear(h, p[1].narrow(0, 0, d)).view({B, T, H, hd}).transpose(1, 2);
+    auto k = torch::linear(h, p[1].narrow(0, d, d)).view({B, T, H, hd}).transpose(1, 2);
+    auto v = torch::linear(h, p[1].narrow(0, 2 * d, d)).view({B, T, H, hd}).transpose(1, 2);
+    q = naiveRope(q, r64.cos, r64.sin);
+    k = naiveRope(k, r64.cos, r64.sin);
+    auto sc = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(hd));
+    sc = sc.masked_fill(torch::ones({T, T}, torch::kBool).triu(1), -INFINITY);
+    auto a = torch::matmul(torch::softmax(sc, -1), v).transpose(1, 2).reshape({B, T, d});
+    auto x1 = in[0] + torch::linear(a, p[2]);
+    auto h2 = naiveRms(x1, p[3], 1e-5);
+    auto g = torch::linear(h2, p[4].narrow(0, 0, f)), u = torch::linear(h2, p[4].narrow(0, f, f));
+    return x1 + torch::linear(torch::silu(g) * u, p[5]);
+  };
+  auto fused = [&](std::vector<torch::Tensor>& in) {
+    return blockForward(parameterViews(layout[1], in[1]), in[0], r64, s);
+  };
+  expectSameGradients(fused, plain, {x, flat});
 }
 
 TEST(Model, TinyPresetHasExpectedSizeAndUnits) {

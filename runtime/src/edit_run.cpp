@@ -198,7 +198,7 @@ void progressLine(const std::vector<Worker>& ws) {
 void summary(const std::vector<Worker>& ws, double wall) {
   std::printf("\n%-5s %-7s %-5s %7s %9s %10s %6s %9s %10s %9s\n", "rank", "replica", "shard", "steps",
               "loss", "tok/s", "syncs", "anomalies", "comm wait", "peak RSS");
-  double tps = 0, val = -1;
+  double tps = 0, trainTps = 0, startup = 0, val = -1;
   uint64_t tokens = 0;
   for (const auto& w : ws) {
     const auto& s = w.summary;
@@ -218,6 +218,8 @@ void summary(const std::vector<Worker>& ws, double wall) {
                 100.0 * s["comm_wait"].get<double>() / std::max(1e-9, secs),
                 human(s.value("peak_rss_bytes", 0.0)).c_str());
     tps += s["tps"].get<double>();
+    trainTps += s.value("train_tps", 0.0);
+    startup = std::max(startup, s.value("startup_seconds", 0.0));
     tokens += s["tokens"].get<uint64_t>();
     val = s["val_loss"].is_number() ? s["val_loss"].get<double>() : -1;
   }
@@ -243,7 +245,8 @@ void summary(const std::vector<Worker>& ws, double wall) {
     std::printf("\nnothing to train: resumed from the final checkpoint (step %lld); remove checkpoint.dir "
                 "or raise training.steps to train more\n",
                 static_cast<long long>(ws[0].summary.value("resumed_from", int64_t{0})));
-  std::printf("\ntotal: %s tokens in %.1f s, %s tok/s", human(tokens).c_str(), wall, human(tps).c_str());
+  std::printf("\ntotal: %s tokens in %.1f s, %s tok/s (training loop %s tok/s, start-up %.1f s)",
+              human(tokens).c_str(), wall, human(tps).c_str(), human(trainTps).c_str(), startup);
   if (val >= 0) std::printf(", validation loss %.4f", val);
   std::printf("\n");
   std::fflush(stdout);

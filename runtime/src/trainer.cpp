@@ -446,6 +446,8 @@ TrainResult Trainer::run() {
   }
   if (isLocalMode() && step_ >= cfg_.algorithm.warmupSteps && !outerReady_) initOuter();
   const uint64_t tokensAtStart = tokens_;
+  const double loopStart = nowSeconds();
+  result.startupSeconds = loopStart - start;
   const auto& a = cfg_.algorithm;
   const bool aedit = a.mode == "a-edit";
   const int64_t budget = totalSteps_ * comm_->replicas();  // A-EDiT: replica-steps of the job
@@ -560,6 +562,7 @@ TrainResult Trainer::run() {
     anomalies_ += out.anomalies;
     lastPseudoGradNorm_ = std::sqrt(out.pseudoGradNormSq);
   }
+  result.trainSeconds = nowSeconds() - loopStart;
   if (!result.stopped) {
     result.valLoss = evaluate(cfg_.data.valBatches, Group::World);
     if (!cfg_.checkpoint.dir.empty()) {

@@ -41,7 +41,9 @@ struct TrainResult {
   double valLoss = -1;       // world-mean validation loss at the end (-1: no val data)
   uint64_t tokens = 0;       // tokens of this rank (including those before a resume)
   uint64_t tokensThisRun = 0;  // tokens this process trained
-  double seconds = 0;
+  double seconds = 0;         // the whole run: start-up, training, final evaluation and checkpoint
+  double trainSeconds = 0;    // the training loop and its final sync only (steady tokens/s)
+  double startupSeconds = 0;  // from run() to the first step (groups, weights, data, resume)
   uint64_t syncRounds = 0, anomalies = 0;
   int64_t resumedFrom = -1;  // checkpoint step resumed from (-1: fresh start)
   bool joined = false;       // started as a replacement (EDIT_JOIN=1)

@@ -2,7 +2,7 @@
 """Container images: build them (scripts/build-images.sh), run their checks (ctest -L
 image) and write what came out: bench/results/<date>/images.md and images.json.
 
-    python3 bench/images.py [--out DIR] [--build-dir build] [--skip-build]
+    python3 bench/images.py [--out DIR] [--build-dir build] [--skip-build] [--cold-log FILE]
 
 The report holds each image's size and its layers (largest first, with the Dockerfile
 step that made each), the build's wall time and how many steps came from the layer
@@ -46,6 +46,15 @@ def image_info(ref):
     return info.get("FromImageID", ""), sum(sizes), list(zip(sizes, steps))
 
 
+def build_summary(log, seconds=None):
+    """Per-image build seconds, steps and cached steps from scripts/build-images.sh's output."""
+    per = {m.group(1): int(m.group(2)) for m in re.finditer(r"build-images: (\S+) built in (\d+) s", log)}
+    return {"seconds": seconds if seconds is not None else sum(per.values()), "per_image": per,
+            "steps": len(re.findall(r"^\[\d+/\d+\] STEP|^STEP \d+", log, re.M)),
+            "cached": log.count("Using cache"),
+            "base_made": "made localhost/debian:bookworm" in log}
+
+
 def run_checks(build_dir):
     """ctest -L image: [(name, status, seconds)], the output."""
     res = subprocess.run(["ctest", "-V", "-L", "image", "--timeout", "900"], cwd=build_dir,
@@ -62,6 +71,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat()))
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     ap.add_argument("--skip-build", action="store_true", help="report on the images as they are")
+    ap.add_argument("--cold-log", help="the output of an earlier scripts/build-images.sh run "
+                                       "(e.g. the first, cold one) to report as well")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -70,12 +81,14 @@ def main():
         t0 = time.monotonic()
         res = subprocess.run([os.path.join(ROOT, "scripts", "build-images.sh")], capture_output=True, text=True)
         log = res.stdout + res.stderr
-        build = {"seconds": round(time.monotonic() - t0, 1), "exit": res.returncode,
-                 "steps": len(re.findall(r"^\[\d+/\d+\] STEP|^STEP \d+", log, re.M)),
-                 "cached": log.count("Using cache")}
+        build = build_summary(log, round(time.monotonic() - t0, 1))
         if res.returncode != 0:
             sys.stderr.write(log[-5000:])
             sys.exit("images: scripts/build-images.sh failed")
+    cold = None
+    if args.cold_log:
+        with open(args.cold_log, errors="replace") as f:
+            cold = build_summary(f.read())
     images = {}
     for ref in IMAGES:
         got = image_info(ref)
@@ -94,9 +107,11 @@ def main():
              "`ctest -L image` (tests/images/test_images.py, the e2e case "
              "`ImageRuntime.test_job_in_runtime_image`). 2 shared cores." % subprocess.run(
                  ["buildah", "--version"], capture_output=True, text=True).stdout.split()[2], ""]
-    if build:
-        lines += ["Build: %.0f s wall, %d of %d steps from the layer cache." % (
-            build["seconds"], build["cached"], build["steps"]), ""]
+    for what, b in (("Cold build (%s)" % os.path.basename(args.cold_log or ""), cold), ("Build", build)):
+        if b:
+            lines += ["%s: %.0f s wall (%s), %d of %d steps from the layer cache%s." % (
+                what, b["seconds"], ", ".join("%s %d s" % kv for kv in b["per_image"].items()),
+                b["cached"], b["steps"], "; the debootstrap base made first" if b["base_made"] else ""), ""]
     lines += ["| image | ID | size (uncompressed layers) |", "| --- | --- | --- |"]
     for ref, im in images.items():
         lines.append("| `%s` | `%s` | %s |" % (ref, im["id"][:12], human(im["bytes"])))
@@ -114,7 +129,7 @@ def main():
     with open(os.path.join(args.out, "images.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(args.out, "images.json"), "w") as f:
-        json.dump({"commit": commit, "build": build, "images": images,
+        json.dump({"commit": commit, "build": build, "cold_build": cold, "images": images,
                    "checks": [{"name": n, "status": s, "seconds": t} for n, s, t in checks],
                    "printed": printed}, f, indent=1)
     print("\n".join(lines))

@@ -312,10 +312,11 @@ class OperatorImage(ImageCase):
         entry = self.config.get("Entrypoint") or []
         self.assertEqual(entry, ["/usr/local/bin/edit-operator"])
         env = {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
-        env.update(KUBECONFIG="/var/run/edit/kube/config", POD_NAME="t-edit-operator-0",
+        # Not under /var/run: buildah run's chroot isolation mounts its own /run.
+        env.update(KUBECONFIG="/etc/edit-test/kube/config", POD_NAME="t-edit-operator-0",
                    POD_NAMESPACE="edit-system")
         op_log = open(os.path.join(tmp, "operator.log"), "wb")
-        op = subprocess.Popen(self.ctr.argv(entry + args, mounts=[(os.path.dirname(kubeconfig), "/var/run/edit/kube", True)],
+        op = subprocess.Popen(self.ctr.argv(entry + args, mounts=[(os.path.dirname(kubeconfig), "/etc/edit-test/kube", True)],
                                             env=env),
                               stdout=op_log, stderr=subprocess.STDOUT, start_new_session=True)
 

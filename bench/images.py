@@ -26,9 +26,17 @@ IMAGES = ["localhost/edit-runtime:latest", "localhost/edit-operator:latest"]
 def human(n):
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1000 or unit == "GB":
-            return "%.0f %s" % (n, unit) if unit in ("B", "kB") else "%.1f %s" % (n, unit)
+            return "%.0f %s" % (n, unit) if unit in ("B", "kB") else "%.2f %s" % (n, unit)
         n /= 1000.0
     return str(n)
+
+
+def step_name(created_by):
+    """A layer's Dockerfile step, short: COPY sources are content hashes, say where to."""
+    s = re.sub(r"\s+", " ", created_by).strip()
+    s = re.sub(r"^/bin/sh -c #\(nop\) COPY (?:multi|file|dir):[0-9a-f]+ in (\S+)", r"COPY ... \1", s)
+    s = re.sub(r"^/bin/sh -c ", "RUN ", s)
+    return "(the base image)" if s == "/bin/sh" else s
 
 
 def image_info(ref):
@@ -40,7 +48,7 @@ def image_info(ref):
     manifest = json.loads(info.get("Manifest") or "{}")
     sizes = [l.get("size", 0) for l in manifest.get("layers") or []]
     history = [h for h in (info.get("OCIv1") or {}).get("history") or [] if not h.get("empty_layer")]
-    steps = [re.sub(r"\s+", " ", h.get("created_by", "")).strip() for h in history]
+    steps = [step_name(h.get("created_by", "")) for h in history]
     if len(steps) != len(sizes):
         steps = [""] * len(sizes)
     return info.get("FromImageID", ""), sum(sizes), list(zip(sizes, steps))
@@ -96,8 +104,7 @@ def main():
             sys.exit("images: %s is not built (scripts/build-images.sh)" % ref)
         images[ref] = {"id": got[0], "bytes": got[1], "layers": got[2]}
     checks, out, code = run_checks(args.build_dir)
-    printed = [l.split(": ", 1)[-1] for l in out.splitlines()
-               if re.match(r"^\d+: (2-worker edit-run|job in|evaluated|.*succeeded in)", l)]
+    printed = [m.group(1) for m in re.finditer(r"((?:2-worker edit-run|job) in \S+ .*)", out)]
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
 
@@ -126,6 +133,11 @@ def main():
         lines.append("| %s | %s | %.1f |" % (name, status, secs))
     if printed:
         lines += ["", "What the checks printed:", ""] + ["    " + p for p in printed]
+    slowest = max([b["seconds"] for b in (cold, build) if b] or [0])
+    lines += ["", "Not part of `make test` (CI: `.ci/run`, about 17 min of its ~45 min budget on 2 cores): "
+              "a build from nothing took %.0f min here and needs Debian's mirror during the build; "
+              "the checks alone take %.0f s once the images exist, but images left on a machine may "
+              "be stale. `make images` builds and checks them." % (slowest / 60.0, sum(t for _, _, t in checks))]
     with open(os.path.join(args.out, "images.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(args.out, "images.json"), "w") as f:

@@ -241,8 +241,9 @@ class RuntimeImage(ImageCase):
             self.assertTrue(os.path.getsize(os.path.join(out, "hf", f)) > 0, exp.stdout + exp.stderr)
         with open(os.path.join(out, "hf", "config.json")) as f:
             self.assertEqual(json.load(f)["hidden_size"], 64)
-        print("2-worker edit-run in %s: %.1f s, %s; edit-export wrote %d bytes" % (
-            self.IMAGE, took, m.group(0), os.path.getsize(os.path.join(out, "hf", "model.safetensors"))))
+        print("2-worker edit-run in %s: %.1f s, %s, OPENBLAS_CORETYPE %s; edit-export wrote %d bytes" % (
+            self.IMAGE, took, m.group(0), want or "unset",
+            os.path.getsize(os.path.join(out, "hf", "model.safetensors"))))
 
 
 class OperatorImage(ImageCase):

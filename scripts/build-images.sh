@@ -102,7 +102,6 @@ echo
 echo "image                                size"
 for t in "${targets[@]}"; do
   image=localhost/edit-$t:$tag
-  size=$(buildah inspect --type image --format '{{.FromImageID}}' "$image" >/dev/null 2>&1 \
-    && buildah images --format '{{.Size}}' "$image" | head -1)
+  size=$(buildah images --format '{{.Size}}' "$image" | head -1)
   printf '%-36s %s\n' "$image" "$size"
 done

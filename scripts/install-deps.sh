@@ -3,16 +3,26 @@
 # npm registry. Idempotent: re-running it only checks. Used by the README, .ci/run and
 # the Dockerfile, so it is exercised on every CI run.
 #
-#   scripts/install-deps.sh            # build + test deps
-#   scripts/install-deps.sh --runtime  # only the shared libraries the images need
+#   scripts/install-deps.sh             # build + test deps (a developer's machine, CI)
+#   scripts/install-deps.sh --build     # only what compiling the images' binaries needs
+#   scripts/install-deps.sh --runtime   # the shared libraries of the runtime image
+#   scripts/install-deps.sh --operator  # the shared libraries of the operator image (no LibTorch)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 tools_dir=${EDIT_TOOLS_DIR:-$here/.tools}
 mode=${1:-all}
 
+# libopenblas0-pthread: LibTorch's libblas.so.3 then resolves to OpenBLAS, as on the host.
 runtime_pkgs=(libtorch1.13 libopenblas0-pthread libyaml-cpp0.7 libprometheus-cpp-core1.0
-  libprometheus-cpp-pull1.0 libgrpc++1.51 libprotobuf32 libcpprest2.10)
+  libprometheus-cpp-pull1.0 libgrpc++1.51 libprotobuf32)
+operator_pkgs=(libyaml-cpp0.7 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
+  libgrpc++1.51 libprotobuf32 libcpprest2.10 libssl3)
+# The Dockerfile's build stages: compilers and -dev packages, no test tools.
+image_build_pkgs=(build-essential cmake ninja-build pkg-config ca-certificates
+  libtorch-dev libgloo-dev libopenblas0-pthread libyaml-cpp-dev prometheus-cpp-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libcpprest-dev nlohmann-json3-dev libssl-dev)
 build_pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
   libtorch-dev libgloo-dev libopenblas0-pthread libyaml-cpp-dev prometheus-cpp-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -21,9 +31,14 @@ build_pkgs=(build-essential cmake ninja-build pkg-config git ca-certificates
 
 sudo_() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
+case "$mode" in
+  all) want=("${build_pkgs[@]}") ;;
+  --build) want=("${image_build_pkgs[@]}") ;;
+  --runtime) want=("${runtime_pkgs[@]}") ;;
+  --operator) want=("${operator_pkgs[@]}") ;;
+  *) echo "install-deps: unknown mode $mode (none, --build, --runtime or --operator)" >&2; exit 2 ;;
+esac
 missing=()
-want=("${build_pkgs[@]}")
-[ "$mode" = "--runtime" ] && want=("${runtime_pkgs[@]}")
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
@@ -33,7 +48,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   sudo_ apt-get update -qq
   sudo_ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-[ "$mode" = "--runtime" ] && exit 0
+[ "$mode" = all ] || exit 0
 
 # Node.js/npm: the machine image may ship its own (it conflicts with Debian's npm package).
 if ! command -v npm >/dev/null 2>&1; then

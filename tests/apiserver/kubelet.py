@@ -1,17 +1,21 @@
 """Local kubelet: registers fake nodes, binds pending pods, runs each
-container's command as a local process group with its own 127.x pod IP,
-reports status, and stops pods gracefully on deletion."""
+container's command as a local process group with its own 127.x pod IP (on the host,
+or with images=True inside its image's root filesystem), reports status, and stops
+pods gracefully on deletion."""
 import copy
+import json
 import os
 import queue
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 
 import errors
+import images as imagesmod
 import podenv
 import scheduler
 import urllib.request
@@ -25,6 +29,7 @@ SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTO
            "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2}
 BACKOFF_START, BACKOFF_MAX = 1.0, 10.0     # the real kubelet: 10 s doubling to 5 min
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # probes go to the pod
+CHROOT_EXEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chroot_exec.py")
 
 
 class Container:
@@ -36,6 +41,7 @@ class Container:
         self.last_state = {}
         self.next_start = 0.0
         self.done = False                    # terminated and not restarting
+        self.image_id = ""                   # image mode: the image it runs
         # readinessProbe (httpGet or tcpSocket): its last result, when it is due next.
         self.probe = spec.get("readinessProbe") or {}
         self.probe_ok = not self.probe
@@ -62,7 +68,7 @@ class PodRuntime:
 
 
 class Kubelet:
-    def __init__(self, store, registry, workdir=None, path_prepend=(), nodes=1):
+    def __init__(self, store, registry, workdir=None, path_prepend=(), nodes=1, images=False):
         self.store, self.registry = store, registry
         self.pods_rt = registry.lookup("", "v1", "pods")
         self.workdir = workdir or tempfile.mkdtemp(prefix="standin-kubelet-")
@@ -81,6 +87,8 @@ class Kubelet:
         self.next_ip = 0
         self.api_url = ""
         self.proxy = ServiceProxy(store, registry)
+        # Image mode: containers run inside their image's root filesystem (chroot_exec.py).
+        self.images = imagesmod.Images() if images else None
         store.graceful = self._graceful
         store.allocate_cluster_ip = self.allocate_cluster_ip
         store.listeners.append(self._on_event)
@@ -106,6 +114,15 @@ class Kubelet:
                 while c.running() and time.monotonic() < deadline:
                     time.sleep(0.05)
             self._signal_all(rp, signal.SIGKILL)
+        for rp in rts:
+            for c in rp.containers:
+                if c.proc is not None:
+                    try:
+                        c.proc.wait(5)           # before its image's rootfs goes away
+                    except subprocess.TimeoutExpired:
+                        pass
+        if self.images is not None:
+            self.images.close()
         self.proxy.stop()
         self.hosts.remove()
 
@@ -303,6 +320,11 @@ class Kubelet:
         except podenv.ConfigError as e:
             volumes = {}
             print("kubelet: %s/%s volumes: %s" % (rp.ns, rp.name, e), flush=True)
+        if self.images is not None:
+            # As a real kubelet makes them: any user of the image may write an emptyDir.
+            for vol in pod["spec"].get("volumes") or []:
+                if "emptyDir" in vol and vol.get("name") in volumes:
+                    os.chmod(volumes[vol["name"]], 0o777)
         policy = pod["spec"].get("restartPolicy", "Always")
         for spec in pod["spec"].get("initContainers") or []:
             c = Container(spec, os.path.join(rp.dir, "init-" + spec["name"] + ".log"))
@@ -348,6 +370,8 @@ class Kubelet:
     def _launch(self, rp, pod, c, lookup, volumes):
         if rp.stopping or self.stopped.is_set():
             return None                        # deleted while starting
+        if self.images is not None:
+            return self._launch_in_image(rp, pod, c, lookup, volumes)
         mounts = podenv.mount_map(c.spec, volumes)
         try:
             argv, env = podenv.build(pod, c.spec, self._base_env(rp), lookup, mounts)
@@ -371,6 +395,104 @@ class Kubelet:
             log.close()
             return self._start_error(c, "exec: %s: %s" % (argv[0], e.strerror))
         log.close()
+        c.state = {"running": {"startedAt": now_iso()}}
+        return None
+
+    # ---- image mode ----------------------------------------------------------------------
+    def _image_user(self, pod, spec, img):
+        """(uid, gid, supplementary groups, home): the container's securityContext, then the
+        pod's, then the image's USER; runAsNonRoot refuses uid 0 as the real kubelet does."""
+        psc = pod["spec"].get("securityContext") or {}
+        csc = spec.get("securityContext") or {}
+        try:
+            uid, gid, home = img.default_user()
+        except imagesmod.ImageError as e:
+            raise podenv.ConfigError(str(e))
+        if csc.get("runAsUser", psc.get("runAsUser")) is not None:
+            uid = int(csc.get("runAsUser", psc.get("runAsUser")))
+            pw = img.passwd(str(uid))
+            home = pw[2] if pw else "/"
+            gid = pw[1] if pw and gid is None else gid
+        if csc.get("runAsGroup", psc.get("runAsGroup")) is not None:
+            gid = int(csc.get("runAsGroup", psc.get("runAsGroup")))
+        if gid is None:
+            gid = 0
+        if csc.get("runAsNonRoot", psc.get("runAsNonRoot")) and uid == 0:
+            raise podenv.ConfigError('container has runAsNonRoot and image will run as root '
+                                     '(pod: "%s_%s", container: %s)' % (
+                                         pod["metadata"]["name"], pod["metadata"]["namespace"], spec["name"]))
+        groups = [gid] + [int(g) for g in psc.get("supplementalGroups") or []]
+        if psc.get("fsGroup") is not None:
+            groups.append(int(psc["fsGroup"]))
+        return uid, gid, sorted(set(groups)), home
+
+    def _launch_in_image(self, rp, pod, c, lookup, volumes):
+        """Runs the container's command (or the image's ENTRYPOINT/CMD) inside the image's
+        root filesystem with the pod's env, volumes (bind mounts: no path translation),
+        working directory and user."""
+        try:
+            img = self.images.get(c.spec.get("image", ""))
+        except imagesmod.ImageError as e:
+            c.state = {"waiting": {"reason": "ErrImagePull", "message": str(e)}}
+            c.next_start = time.monotonic() + BACKOFF_MAX
+            return None
+        c.image_id = img.id
+        spec = dict(c.spec)
+        if not spec.get("command"):                # Kubernetes' ENTRYPOINT/CMD rules
+            spec["command"] = list(img.entrypoint)
+            if not spec.get("args"):
+                spec["args"] = list(img.cmd)
+        base = dict(e.split("=", 1) for e in img.env if "=" in e)
+        base["HOSTNAME"] = rp.hostname
+        if self.api_url:
+            hostport = self.api_url.split("://", 1)[-1]
+            base["KUBERNETES_SERVICE_HOST"], base["KUBERNETES_SERVICE_PORT"] = hostport.rsplit(":", 1)
+        try:
+            argv, env = podenv.build(pod, spec, base, lookup, [])
+            uid, gid, groups, home = self._image_user(pod, c.spec, img)
+        except podenv.ConfigError as e:
+            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
+            c.next_start = time.monotonic() + 1.0
+            return None
+        if not argv:
+            return self._start_error(c, "no command: neither the container nor image %s sets one"
+                                        % img.ref)
+        env.setdefault("HOME", home)
+        binds = []
+        for m in c.spec.get("volumeMounts") or []:
+            host = volumes.get(m.get("name"))
+            if host is None:
+                continue
+            if m.get("subPath"):
+                host = os.path.join(host, m["subPath"])
+                os.makedirs(host, exist_ok=True)
+            binds.append([host, m.get("mountPath", "/"), bool(m.get("readOnly"))])
+        csc = c.spec.get("securityContext") or {}
+        layer = os.path.join(rp.dir, "rootfs", "%s-%d" % (c.name, c.restarts))
+        r, w = os.pipe()
+        launch = {"rootfs": img.rootfs, "layer": layer,
+                  "workdir": c.spec.get("workingDir") or img.workdir, "uid": uid, "gid": gid,
+                  "groups": groups, "readOnlyRoot": bool(csc.get("readOnlyRootFilesystem")),
+                  "binds": binds, "argv": argv, "statusFd": w}
+        log = open(c.log_path, "ab")
+        try:
+            c.proc = subprocess.Popen([sys.executable, "-I", CHROOT_EXEC, json.dumps(launch)],
+                                      env=env, cwd="/", stdout=log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                      pass_fds=(w,))
+        except OSError as e:
+            os.close(r)
+            return self._start_error(c, "chroot_exec: %s" % e.strerror)
+        finally:
+            os.close(w)
+            log.close()
+        # Empty once the exec succeeded (the pipe closes on exec); else why it failed.
+        with os.fdopen(r, "rb") as status:
+            failure = status.read().decode(errors="replace")
+        if failure:
+            c.proc.wait()
+            c.proc = None
+            return self._start_error(c, failure)
         c.state = {"running": {"startedAt": now_iso()}}
         return None
 
@@ -478,7 +600,7 @@ class Kubelet:
 
     def _cstatus(self, c):
         running = c.running()
-        return {"name": c.name, "image": c.spec.get("image", ""), "imageID": "",
+        return {"name": c.name, "image": c.spec.get("image", ""), "imageID": c.image_id,
                 "containerID": "standin://%d" % c.proc.pid if c.proc else "",
                 "ready": running and c.probe_ok, "started": running, "restartCount": c.restarts,
                 "state": copy.deepcopy(c.state), "lastState": copy.deepcopy(c.last_state)}

@@ -3,7 +3,7 @@
 
   python3 tests/apiserver/standin.py --listen 127.0.0.1:0 --ready-file PATH \
       [--state PATH] [--kubeconfig-out PATH] [--kubelet] [--kubelet-workdir DIR] \
-      [--path-prepend DIR]... [--nodes N] [--watch-history N] [--bookmark-interval S]
+      [--kubelet-images] [--path-prepend DIR]... [--nodes N] [--watch-history N] [--bookmark-interval S]
 
 See README.md beside this file for what it serves and what it does not.
 """
@@ -47,6 +47,9 @@ def parse_args(argv):
     p.add_argument("--kubeconfig-out", help="write a kubeconfig for this server here")
     p.add_argument("--kubelet", action="store_true", help="run pods as local processes")
     p.add_argument("--kubelet-workdir", help="pod logs and emptyDirs (default: a temp dir)")
+    p.add_argument("--kubelet-images", action="store_true",
+                   help="run each container inside its image's root filesystem (chroot; "
+                        "images from Buildah's local storage; needs root)")
     p.add_argument("--path-prepend", action="append", default=[],
                    help="directory put in front of PATH for pod processes (repeatable)")
     p.add_argument("--nodes", type=int, default=1, help="number of fake nodes")
@@ -73,7 +76,8 @@ def build(args):
     if args.kubelet:
         import kubelet as kubeletmod
         kubelet = kubeletmod.Kubelet(st, reg, workdir=args.kubelet_workdir,
-                                     path_prepend=args.path_prepend, nodes=args.nodes)
+                                     path_prepend=args.path_prepend, nodes=args.nodes,
+                                     images=args.kubelet_images)
     host, port = args.listen.rsplit(":", 1)
     server = http_api.ApiServer((host, int(port)), st, reg, kubelet,
                                 args.bookmark_interval, args.verbose, adm.auth)

@@ -130,8 +130,9 @@ def main():
 class Cluster:
     """A stand-in (+kubelet), optionally an operator, in one temp dir."""
 
-    def __init__(self, nodes=1, state=True, prefix="edit-e2e-", tmp_dir=None, path_prepend=()):
+    def __init__(self, nodes=1, state=True, prefix="edit-e2e-", tmp_dir=None, path_prepend=(), images=False):
         self.tmp = tempfile.mkdtemp(prefix=prefix, dir=tmp_dir)
+        self.images = images                 # the kubelet runs containers in their images
         self.path_prepend = [RUNTIME_DIR] + list(path_prepend)
         self.kubectl_bin = find_kubectl()
         self.state = os.path.join(self.tmp, "state.json") if state else None
@@ -160,6 +161,8 @@ class Cluster:
                "--nodes", str(self.nodes), "--bookmark-interval", "2"]
         for d in self.path_prepend:
             cmd += ["--path-prepend", d]
+        if self.images:
+            cmd.append("--kubelet-images")
         if self.state:
             cmd += ["--state", self.state]
         with open(log, "ab") as f:

@@ -1,17 +1,27 @@
 #!/usr/bin/env python3
 """Static checks of the Dockerfile (no container engine runs in CI): the stages and the
 runtime/operator targets exist, every COPY source is in the repository and not excluded by
-.dockerignore, dependencies come from scripts/install-deps.sh (full in the build, --runtime
-in the images), the images do not derive from a build stage, they hold the binaries their
-build stage makes, and they run as a non-root user."""
+.dockerignore, dependencies come from scripts/install-deps.sh (--build in the build,
+--runtime / --operator in the images, and the operator's list holds no LibTorch), the
+images do not derive from a build stage, they hold the binaries their build stage makes,
+build stages copy sources only after installing dependencies (a cached layer), and the
+images run as a non-root user. scripts/build-images.sh builds them for real (ctest -L image)."""
 import fnmatch
 import re
 import shlex
 
 from common import ROOT, fail
 
-FINAL = {"runtime": ["edit-train", "edit-run", "edit-data"], "operator": ["edit-operator"]}
+FINAL = {"runtime": ["edit-train", "edit-run", "edit-data", "edit-export"], "operator": ["edit-operator"]}
+MODE = {"runtime": "--runtime", "operator": "--operator"}
 SCRIPT = "install-deps.sh"
+
+
+def script_list(name):
+    """The packages of a bash array NAME=(...) in scripts/install-deps.sh."""
+    text = (ROOT / "scripts" / SCRIPT).read_text()
+    m = re.search(r"^%s=\(([^)]*)\)" % re.escape(name), text, re.M)
+    return m.group(1).split() if m else None
 
 
 def instructions(text):
@@ -99,9 +109,23 @@ def main():
                     problems.append(f"stage {s['name']}: COPY source {src} is excluded by .dockerignore")
 
     runs = {s["name"]: " ".join(r for w, r in s["instrs"] if w == "RUN") for s in st}
-    full = [n for n, r in runs.items() if re.search(SCRIPT + r"(?!\s+--runtime)(\s|&|;|$)", r)]
+    full = [n for n, r in runs.items() if re.search(SCRIPT + r"\s+--build(\s|&|;|$)", r)]
     if not full:
-        problems.append(f"no build stage runs scripts/{SCRIPT} (the dependency script of README and CI)")
+        problems.append(f"no build stage runs scripts/{SCRIPT} --build (the dependency script of README and CI)")
+    operator_pkgs = script_list("operator_pkgs")
+    if operator_pkgs is None:
+        problems.append(f"scripts/{SCRIPT} has no operator_pkgs list (--operator)")
+    elif any("torch" in p for p in operator_pkgs):
+        problems.append(f"scripts/{SCRIPT} --operator installs LibTorch: {operator_pkgs}")
+    # A build stage's sources must come after its dependencies: COPY of sources in the
+    # stage that installs them would rebuild the dependency layer on every edit.
+    for s in st:
+        seen_source_copy = False
+        for word, rest in s["instrs"]:
+            if word == "COPY" and "--from=" not in rest and SCRIPT not in rest:
+                seen_source_copy = True
+            if word == "RUN" and re.search(SCRIPT + r"\s+--build", rest) and seen_source_copy:
+                problems.append(f"stage {s['name']}: sources are copied before {SCRIPT} --build runs")
     if not any(re.search(r"cmake\s.*-G\s*Ninja", r) for r in runs.values()):
         problems.append("no stage configures the build with cmake -G Ninja")
 
@@ -115,8 +139,8 @@ def main():
             base = by_name[base]["base"].lower()
         if len(chain) > 1:
             problems.append(f"{target}: derives from build stage(s) {chain[1:]}; start from the base image")
-        if not re.search(SCRIPT + r"\s+--runtime", runs[target]):
-            problems.append(f"{target}: must install its libraries with {SCRIPT} --runtime")
+        if not re.search(SCRIPT + r"\s+" + MODE[target] + r"(\s|&|;|$)", runs[target]):
+            problems.append(f"{target}: must install its libraries with {SCRIPT} {MODE[target]}")
         if re.search(r"build-essential|cmake|ninja", runs[target]):
             problems.append(f"{target}: installs build tools")
         users = [r for w, r in s["instrs"] if w == "USER"]

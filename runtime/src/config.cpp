@@ -311,6 +311,7 @@ std::vector<Field> fieldsOf(Config& c) {
   D("runtime.rendezvousTimeoutSeconds", c.runtime.rendezvousTimeoutSeconds,
     nums(1, 7 * 86400, true, false));
   B("runtime.reshardAfterForward", c.runtime.reshardAfterForward);
+  I("runtime.allocatorCacheMB", c.runtime.allocatorCacheMB, ints(0, 1 << 20));
   return f;
 }
 

@@ -148,6 +148,9 @@ struct RuntimeConfig {
   // again for its backward. false: kept until the backward (ZeRO-2's memory: one all-gather
   // per step instead of two). docs/memory.md.
   bool reshardAfterForward = true;
+  // Free CPU blocks (64 KiB - 64 MiB) kept for reuse by the next step instead of going back
+  // to the OS and faulting in again (cpu_allocator.h); 0 turns the caching allocator off.
+  int64_t allocatorCacheMB = 256;
 };
 
 struct Config {

@@ -17,6 +17,7 @@
 #include "blas_env.h"
 #include "checkpoint.h"
 #include "config.h"
+#include "cpu_allocator.h"
 #include "data.h"
 #include "telemetry.h"
 #include "trainer.h"
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
     const int local = std::max(1, std::atoi(envOr("EDIT_LOCAL_WORLD_SIZE", "1").c_str()));
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
   }
+  if (cfg.runtime.allocatorCacheMB > 0) installCachingCpuAllocator(cfg.runtime.allocatorCacheMB << 20);
   at::set_num_threads(threads);
   at::set_num_interop_threads(1);
   // OpenBLAS keeps its own pool (one thread per core by default) beside LibTorch's, and

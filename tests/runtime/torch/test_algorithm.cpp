@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu_allocator.h"
 #include "flat_units.h"
 #include "optim.h"
 #include "outer_sync.h"
@@ -222,4 +223,24 @@ TEST(FlatUnits, BufferCacheReusesAndBoundsWhatItKeeps) {
   EXPECT_EQ(cache.cachedBytes(), 400);
   EXPECT_EQ(cache.peakLiveBytes(), 800);
   EXPECT_EQ(cache.take(100).data_ptr(), pa);
+}
+
+TEST(CachingCpuAllocator, ReusesFreedBlocksOfTheSameSize) {
+  installCachingCpuAllocator(int64_t{64} << 20);
+  void* first = nullptr;
+  {
+    auto a = torch::empty({1 << 18});  // 1 MiB: cached size class
+    first = a.data_ptr();
+  }
+  const auto before = cachingAllocatorStats();
+  EXPECT_GE(before.cachedBytes, int64_t{1} << 20);
+  auto b = torch::empty({1 << 18});
+  EXPECT_EQ(b.data_ptr(), first);  // the freed block, not a new one
+  EXPECT_EQ(cachingAllocatorStats().hits, before.hits + 1);
+  b.fill_(2.5);  // usable memory
+  EXPECT_EQ(b.sum().item<double>(), 2.5 * (1 << 18));
+  // Small requests are not cached (malloc's bins serve them well).
+  const auto misses = cachingAllocatorStats().misses;
+  { auto s = torch::empty({16}); }
+  EXPECT_EQ(cachingAllocatorStats().misses, misses);
 }

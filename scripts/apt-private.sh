@@ -4,7 +4,7 @@
 # machine's apt state changes and nothing is installed. Packages are only downloaded
 # (apt-get download / apt-get source --download-only) and unpacked with dpkg -x.
 #
-#   apt_private_setup DIR "deb|deb-src" SUITE COMPONENT...   # sets APT_PRIVATE (apt-get options)
+#   apt_private_setup DIR "deb|deb-src|deb deb-src" SUITE COMPONENT...   # sets APT_PRIVATE
 #   apt_private_download DESTDIR PACKAGE...                  # .deb files into DESTDIR
 #
 # The mirror is the one this machine's apt already uses for Debian (EDIT_DEBIAN_MIRROR
@@ -26,7 +26,10 @@ apt_private_setup() {
   local mirror
   mirror=$(apt_private_mirror) || { echo "apt-private: no Debian mirror configured (set EDIT_DEBIAN_MIRROR)" >&2; return 1; }
   mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial" "$dir/parts"
-  echo "$type [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite $*" > "$dir/sources.list"
+  local t
+  for t in $type; do
+    echo "$t [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite $*"
+  done > "$dir/sources.list"
   # Only this list, no preferences or pins of the machine's, and no translations.
   APT_PRIVATE=(-o "Dir::Etc::SourceList=$dir/sources.list" -o "Dir::Etc::SourceParts=$dir/parts"
     -o "Dir::Etc::Preferences=$dir/parts/none" -o "Dir::Etc::PreferencesParts=$dir/parts"

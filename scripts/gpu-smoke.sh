@@ -19,10 +19,16 @@
 #   --build DIR         build tree (default build-gpu)
 #   --out DIR           report and logs (default <build>/smoke)
 #   --torch-prefix DIR  CMake prefix of LibTorch (default: python3's torch.utils.cmake_prefix_path)
+#   --torch-dir DIR     PyTorch's package directory, with include/ and lib/ (default: python3's);
+#                       when LibTorch's CMake package fails to configure (its CUDA part wants
+#                       a complete CUDA toolkit), the build uses these through a small shim
+#   --shim              use that shim from the start
 #   --data DIR          train.bin/val.bin (default data/brown; else the repository's text is encoded)
 #   --jobs N            build jobs (default: all cores)
 #   --budget SECONDS    the whole script's time limit; runs that would not fit are skipped (default 450)
-#   --cpu               no CUDA: build against the CPU LibTorch and run with Gloo (tries the script)
+#   --cpu               no CUDA: build against the CPU LibTorch and run with Gloo, the
+#                       350m run as `small` (tries the script without a GPU)
+#   --no-build          use the edit-run/edit-train already in <build>/runtime
 #   --report DIR        only write the report of the runs under DIR (their logs)
 # Exit: 0 every run ended as expected; 1 a build or run failed; 2 bad arguments;
 # 77 (--prepare/--dry-run) Debian's mirror cannot be reached.
@@ -30,7 +36,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 mode=run carry=$root/build/gpu-carry build=$root/build-gpu out="" torchPrefix="" data=$root/data/brown
-jobs=$(nproc) budget=450 cpu=0 reportDir=""
+jobs=$(nproc) budget=450 cpu=0 reportDir="" noBuild=0 torchDir="" shim=0 torchRoute=""
 
 die() { echo "gpu-smoke: $*" >&2; exit 1; }
 bad() { echo "gpu-smoke: $*" >&2; echo "usage: see the top of $0" >&2; exit 2; }
@@ -40,16 +46,19 @@ while [ $# -gt 0 ]; do
     --dry-run) mode=dry-run; shift ;;
     --prepare) mode=prepare; shift ;;
     --report) [ $# -ge 2 ] || bad "--report needs a directory"; mode=report; reportDir=$2; shift 2 ;;
-    --carry|--build|--out|--torch-prefix|--data)
+    --carry|--build|--out|--torch-prefix|--torch-dir|--data)
       [ $# -ge 2 ] && [ -n "$2" ] || bad "$1 needs a directory"
-      case $1 in --carry) carry=$2 ;; --build) build=$2 ;; --out) out=$2 ;; --torch-prefix) torchPrefix=$2 ;; --data) data=$2 ;; esac
+      case $1 in --carry) carry=$2 ;; --build) build=$2 ;; --out) out=$2 ;; --torch-prefix) torchPrefix=$2 ;;
+                 --torch-dir) torchDir=$2 ;; --data) data=$2 ;; esac
       shift 2 ;;
     --jobs|--budget)
       [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || bad "$1 needs a positive integer (got '${2:-}')"
       if [ "$1" = --jobs ]; then jobs=$2; else budget=$2; fi
       shift 2 ;;
     --cpu) cpu=1; shift ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-build) noBuild=1; shift ;;
+    --shim) shim=1; shift ;;
+    -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) bad "unknown argument '$1'" ;;
   esac
 done
@@ -63,31 +72,36 @@ work=$build/runs
 # ------------------------------------------------------------------ the carried dependencies
 # yaml-cpp: trixie's source package (0.8.0; 0.7.0 misses <cstdint> for GCC 13), built inside
 # the runtime's build (-DEDIT_YAML_CPP_SOURCE_DIR), so no binary meets another glibc or
-# libstdc++. nlohmann-json: this release's header-only package, unpacked.
+# libstdc++. nlohmann-json: this release's header-only package, unpacked. Gloo: trixie's
+# headers, used only if the GPU machine's PyTorch lacks include/gloo.
 prepare() {
   if [ -f "$carry/MANIFEST" ] && [ -f "$carry/yaml-cpp/CMakeLists.txt" ] &&
-     [ -d "$carry/prefix/usr/include/nlohmann" ]; then
+     [ -d "$carry/prefix/usr/include/nlohmann" ] && [ -d "$carry/gloo/include/gloo" ]; then
     echo "gpu-smoke: carried dependencies ready in $carry ($(paste -sd' ' "$carry/MANIFEST"))"
     return 0
   fi
   # shellcheck source=scripts/apt-private.sh
   . "$root/scripts/apt-private.sh"
   local codename; codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
-  rm -rf "$carry/prefix" "$carry/yaml-cpp" "$carry/MANIFEST" "$carry/debs" "$carry/src" || return 1
+  rm -rf "$carry/prefix" "$carry/yaml-cpp" "$carry/gloo" "$carry/MANIFEST" "$carry/debs" "$carry/debs-gloo" "$carry/src" || return 1
   apt_private_setup "$carry/apt-bin" deb "$codename" main || return 77
   apt_private_download "$carry/debs" nlohmann-json3-dev || return 77
-  apt_private_setup "$carry/apt-src" deb-src trixie main || return 77
+  apt_private_setup "$carry/apt-src" "deb deb-src" trixie main || return 77
+  # Gloo's headers, in case the GPU machine's PyTorch does not ship them (ProcessGroupGloo.hpp needs them).
+  apt_private_download "$carry/debs-gloo" libgloo-dev || return 77
   mkdir -p "$carry/src"
   (cd "$carry/src" && apt-get "${APT_PRIVATE[@]}" -q source --download-only yaml-cpp) > "$carry/src/download.log" 2>&1 ||
     { cat "$carry/src/download.log" >&2; return 77; }
   # (Called in an || list, where set -e does not apply: every step is checked.)
   for d in "$carry"/debs/*.deb; do dpkg -x "$d" "$carry/prefix" || return 1; done
+  for d in "$carry"/debs-gloo/*.deb; do dpkg -x "$d" "$carry/gloo-pkg" || return 1; done
+  mkdir -p "$carry/gloo" && mv "$carry/gloo-pkg/usr/include" "$carry/gloo/include" && rm -rf "$carry/gloo-pkg" || return 1
   local orig; orig=$(ls "$carry"/src/yaml-cpp_*.orig.tar.* 2>/dev/null | head -1)
   [ -n "$orig" ] || { echo "gpu-smoke: no yaml-cpp source tarball downloaded" >&2; return 1; }
   mkdir -p "$carry/yaml-cpp"
   tar -xf "$orig" -C "$carry/yaml-cpp" --strip-components=1 || return 1
   [ -f "$carry/yaml-cpp/CMakeLists.txt" ] || return 1
-  { (cd "$carry/debs" && ls ./*.deb | sed 's|^\./||'); basename "$orig"; } > "$carry/MANIFEST" || return 1
+  { (cd "$carry/debs" && ls ./*.deb; cd "$carry/debs-gloo" && ls ./*.deb) | sed 's|^\./||'; basename "$orig"; } > "$carry/MANIFEST" || return 1
   rm -rf "$carry/apt-bin" "$carry/apt-src" "$carry/src"  # only what the GPU machine needs travels
   echo "gpu-smoke: carried dependencies in $carry: $(paste -sd' ' "$carry/MANIFEST") ($(du -sh "$carry" | cut -f1))"
 }
@@ -113,10 +127,63 @@ nvcc_path() {
   return 1
 }
 
+torch_dir() {
+  [ -n "$torchDir" ] && { echo "$torchDir"; return; }
+  python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null
+}
+
+# A stand-in for LibTorch's CMake package, from PyTorch's package directory (what
+# torch.utils.cpp_extension uses): headers, libraries, and the compile definitions and ABI
+# that package would give; of CUDA only the runtime's headers and library, no toolkit targets.
+write_shim() {
+  local t=$1 dir=$build/torch-shim/Torch
+  local abi; abi=$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || echo 1)
+  local ver; ver=$(sed -nE 's/^#define TORCH_VERSION_(MAJOR|MINOR|PATCH) ([0-9]+).*/\2/p' \
+    "$t/include/torch/csrc/api/include/torch/version.h" 2>/dev/null | paste -sd.)
+  local cudaHome=${CUDA_HOME:-} incs="$t/include;$t/include/torch/csrc/api/include" libs=""
+  local defs="USE_DISTRIBUTED;USE_C10D_GLOO;USE_RPC;USE_TENSORPIPE;_GLIBCXX_USE_CXX11_ABI=$abi"
+  if [ $cpu = 0 ]; then
+    defs="$defs;USE_C10D_NCCL"
+    [ -n "$cudaHome" ] && incs="$incs;$cudaHome/include"
+    # libtorch_cuda registers the CUDA kernels: linked even where nothing names its symbols.
+    libs="-Wl,--no-as-needed;$t/lib/libtorch_cuda.so;$t/lib/libc10_cuda.so;-Wl,--as-needed;"
+  fi
+  libs="$libs$t/lib/libtorch.so;$t/lib/libtorch_cpu.so;$t/lib/libc10.so"
+  if [ $cpu = 0 ] && [ -n "$cudaHome" ]; then
+    local rt; rt=$(ls "$cudaHome"/lib64/libcudart.so "$cudaHome"/lib/libcudart.so 2>/dev/null | head -1)
+    [ -n "$rt" ] && libs="$libs;$rt"
+  fi
+  mkdir -p "$dir"
+  cat > "$dir/TorchConfig.cmake" <<SHIM
+# Written by scripts/gpu-smoke.sh: LibTorch from $t without its CMake package.
+add_library(torch INTERFACE IMPORTED)
+set_target_properties(torch PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "$incs"
+  INTERFACE_COMPILE_DEFINITIONS "$defs"
+  INTERFACE_LINK_LIBRARIES "$libs")
+set(TORCH_LIBRARIES torch)
+set(TORCH_INCLUDE_DIRS "$incs")
+set(Torch_VERSION "$ver")
+set(Torch_FOUND TRUE)
+SHIM
+  echo "$build/torch-shim"
+}
+
 configure() {
-  local tp; tp=$(torch_prefix)
+  local tp t
+  t=$(torch_dir) || true
+  if [ $shim = 1 ]; then
+    [ -n "$t" ] && [ -d "$t/include/torch" ] || die "--shim: no PyTorch package directory (give --torch-dir)"
+    tp=$(write_shim "$t")
+  else
+    tp=$(torch_prefix)
+  fi
   local -a args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEDIT_MINIMAL=ON
     -DEDIT_YAML_CPP_SOURCE_DIR="$carry/yaml-cpp" -DCMAKE_PREFIX_PATH="$tp;$carry/prefix/usr")
+  if [ -n "$t" ] && [ -d "$t/include/torch" ] && [ ! -d "$t/include/gloo" ]; then
+    echo "gpu-smoke: $t/include has no gloo/: using the carried Gloo headers"
+    args+=(-DCMAKE_CXX_FLAGS="-isystem $carry/gloo/include")
+  fi
   if [ $cpu = 1 ]; then
     args+=(-DEDIT_WITH_CUDA=OFF)
   else
@@ -128,8 +195,16 @@ configure() {
     export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
   fi
   echo "gpu-smoke: cmake ${args[*]}"
+  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
   if ! cmake "${args[@]}" > "$build/configure.log" 2>&1; then
     tail -40 "$build/configure.log"
+    if [ $shim = 0 ] && [ $cpu = 0 ] && [ -n "$t" ]; then
+      cp "$build/configure.log" "$build/configure-torch-package.log"
+      echo "gpu-smoke: LibTorch's CMake package failed (above); configuring again with the shim (--shim)"
+      shim=1
+      configure
+      return
+    fi
     die "CMake configuration failed (all of it: $build/configure.log)"
   fi
   # The build must not have found or needed what the GPU machine lacks.
@@ -142,7 +217,8 @@ configure() {
     die "the minimal build looked for a package the GPU machine does not have (above)"
   fi
   grep -q '^Torch_DIR:PATH=' "$c" || die "LibTorch not found"
-  echo "gpu-smoke: configured: EDIT_MINIMAL=ON, EDIT_WITH_CUDA=$([ $cpu = 1 ] && echo OFF || echo ON), $(grep '^Torch_DIR:PATH=' "$c" | cut -d= -f2-)"
+  if [ $shim = 1 ]; then torchRoute="shim over $t"; else torchRoute="LibTorch's CMake package"; fi
+  echo "gpu-smoke: configured: EDIT_MINIMAL=ON, EDIT_WITH_CUDA=$([ $cpu = 1 ] && echo OFF || echo ON), $(grep '^Torch_DIR:PATH=' "$c" | cut -d= -f2-) ($torchRoute)"
 }
 
 # ------------------------------------------------------------------ the runs
@@ -152,6 +228,7 @@ plan() {
   local common="data.train=$data/train.bin data.val=$data/val.bin runtime.backend=$backend runtime.collectiveTimeoutSeconds=60 data.valBatches=4"
   local tiny="$common model.preset=tiny training.steps=100 training.logEvery=10"
   local big="$common model.preset=llama-350m data.seqLen=1024 data.batchSize=8 training.steps=16 training.lrWarmupSteps=4 training.logEvery=4 algorithm.warmupSteps=4 algorithm.syncInterval=4 data.valBatches=2"
+  [ $cpu = 1 ] && big=${big/llama-350m data.seqLen=1024/small data.seqLen=128}  # a CPU cannot train 350m in minutes
   # Most important first: a run that would overrun the budget is skipped.
   echo "tiny-edit 1 1 90 ok layer-wise EDiT sync on the side stream|$tiny algorithm.mode=edit"
   echo "350m-edit 1 1 180 ok llama-350m, 2 layer-wise syncs|$big algorithm.mode=edit"
@@ -378,17 +455,22 @@ json.dump(e, open(out, "w"))
 print("gpu-smoke:", ", ".join(f"{k} {v}" for k, v in e.items()))
 PY
 gpus=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("gpu_count", 1))' "$work/env.json")
-# Workers built against a CUDA PyTorch need its libraries' C++ ABI in every file.
-configure
 t0=$SECONDS
-if ! cmake --build "$build" --target edit-train edit-run edit-data -j "$jobs" > "$build/build.log" 2>&1; then
-  grep -E 'error|Error' "$build/build.log" | head -40
-  die "build failed (all of it: $build/build.log)"
+if [ $noBuild = 0 ]; then
+  configure
+  if ! cmake --build "$build" --target edit-train edit-run edit-data -j "$jobs" > "$build/build.log" 2>&1; then
+    grep -E 'error|Error' "$build/build.log" | head -40
+    die "build failed (all of it: $build/build.log)"
+  fi
+else
+  [ -x "$build/runtime/edit-run" ] && [ -x "$build/runtime/edit-train" ] || die "--no-build: no edit-run/edit-train in $build/runtime"
 fi
 buildSecs=$((SECONDS - t0))
-python3 - "$work/env.json" "$buildSecs" "$jobs" <<'PY'
+python3 - "$work/env.json" "$buildSecs" "$jobs" "$noBuild" "$torchRoute" <<'PY'
 import json, sys
-e = json.load(open(sys.argv[1])); e["build"] = f"edit-train, edit-run, edit-data in {sys.argv[2]} s with {sys.argv[3]} jobs (-DEDIT_MINIMAL=ON)"
+e = json.load(open(sys.argv[1]))
+e["build"] = (f"edit-train, edit-run, edit-data in {sys.argv[2]} s with {sys.argv[3]} jobs (-DEDIT_MINIMAL=ON; {sys.argv[5]})"
+              if sys.argv[4] == "0" else "existing binaries (--no-build)")
 json.dump(e, open(sys.argv[1], "w"))
 PY
 echo "gpu-smoke: built in $buildSecs s"

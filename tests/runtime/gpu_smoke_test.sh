@@ -73,3 +73,17 @@ cache=$bin/gpu-smoke-dry/CMakeCache.txt
 grep -q "^nlohmann_json_DIR:PATH=$bin/gpu-carry/prefix/" "$cache" || fail "nlohmann-json was not the carried one"
 [ -f "$bin/gpu-smoke-dry/yaml-cpp/libyaml-cpp.a" ] || fail "the carried yaml-cpp was not built"
 echo "ok: dry run"
+
+# --- the fallback when LibTorch's CMake package does not configure: a shim over a PyTorch
+# package directory (include/, lib/); here Debian's layout stands in for one.
+fake=$tmp/torch; mkdir -p "$fake"
+ln -s /usr/include "$fake/include"; ln -s /usr/lib/x86_64-linux-gnu "$fake/lib"
+"$smoke" --dry-run --shim --torch-dir "$fake" --carry "$bin/gpu-carry" --build "$bin/gpu-smoke-dry" \
+  --jobs 1 > "$tmp/shim" 2>&1 || { cat "$tmp/shim"; fail "--dry-run --shim failed"; }
+grep -qF "(shim over $fake)" "$tmp/shim" || fail "the shim was not used: $(cat "$tmp/shim")"
+grep -q "^Torch_DIR:PATH=$bin/gpu-smoke-dry/torch-shim/Torch" "$cache" || fail "LibTorch did not come from the shim"
+shimCfg=$bin/gpu-smoke-dry/torch-shim/Torch/TorchConfig.cmake
+for want in "$fake/lib/libtorch_cuda.so" "USE_C10D_NCCL" "_GLIBCXX_USE_CXX11_ABI=" "$fake/include/torch/csrc/api/include"; do
+  grep -qF -- "$want" "$shimCfg" || fail "the shim lacks $want"
+done
+echo "ok: shim"

@@ -319,7 +319,7 @@ rows = []
 for line in open(os.path.join(work, "runs.tsv")):
     name, nproc, shards, rc, wall, verdict, note = line.rstrip("\n").split("\t")
     nproc, shards = int(nproc), int(shards)
-    s, prog = summaries(os.path.join(work, name))
+    s, prog = summaries(os.path.join(work, name)) if rc != "-" else ([], {})
     r = {"name": name, "layout": f"{nproc // shards}x{shards}", "rc": rc, "wall": wall,
          "verdict": verdict, "note": note}
     if len(s) == nproc:
@@ -429,8 +429,8 @@ fi
 
 # The GPU run.
 [ -f "$carry/MANIFEST" ] || die "no carried dependencies in $carry: run scripts/gpu-smoke.sh --prepare where Debian's mirror is reachable and copy $carry here"
+rm -rf "$work"  # nothing of an earlier run may reach this report
 mkdir -p "$work" "$out"
-rm -f "$work/runs.tsv"
 python3 - "$work/env.json" "$cpu" "$carry" <<'PY' || die "python3 with torch is needed"
 import datetime, json, platform, subprocess, sys
 out, cpu, carry = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
@@ -489,8 +489,11 @@ fi
 failed=0
 while IFS='|' read -r head sets; do
   read -r name nproc shards limit expect note <<< "$head"
-  left=$((budget - (SECONDS - start)))
-  if [ "$limit" -gt "$left" ]; then
+  # A run starts when a third of its limit (about its usual length) is left, and is cut
+  # at the budget (less 15 s for the report): the whole script ends within the budget.
+  left=$((budget - 15 - (SECONDS - start)))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$left" -lt 10 ] || [ $((left * 3)) -lt "$(awk '{print $4}' <<< "$head")" ]; then
     printf '%s\t%s\t%s\t-\t-\tskipped\t%s (%s s left of the budget)\n' "$name" "$nproc" "$shards" "$note" "$left" >> "$work/runs.tsv"
     echo "gpu-smoke: $name: skipped ($left s left of the ${budget} s budget)"
     continue

@@ -118,7 +118,7 @@ void Comm::build(const c10::intrusive_ptr<c10d::Store>& base, const std::string&
   auto device = spec.bindAddr.empty()
                     ? c10d::ProcessGroupGloo::createDefaultDevice()
                     : c10d::ProcessGroupGloo::createDeviceForHostname(spec.bindAddr);
-  auto make = [&](const std::string& name, int rank, int size) -> c10::intrusive_ptr<c10d::ProcessGroup> {
+  auto make = [&](const std::string& name, int rank, int size) -> c10::intrusive_ptr<CollectiveGroup> {
     if (size <= 1) return {};
 #ifdef EDIT_WITH_CUDA
     if (spec.backend == "nccl") {
@@ -164,7 +164,7 @@ int Comm::rankIn(Group g) const {
   }
 }
 
-c10d::ProcessGroup* Comm::pg(Group g) const {
+CollectiveGroup* Comm::pg(Group g) const {
   switch (g) {
     case Group::Shard: return shard_.get();
     case Group::Sync: return sync_.get();

@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "report.h"
+#include "torch_compat.h"
 
 namespace edit {
 
@@ -97,7 +98,7 @@ class Comm {
   CommCounts counters() const;
 
  private:
-  c10d::ProcessGroup* pg(Group g) const;
+  CollectiveGroup* pg(Group g) const;
   bool onDevice() const { return spec_.backend == "nccl"; }
   // NCCL needs device tensors: host tensors are staged through the device.
   torch::Tensor staged(const torch::Tensor& t) const;
@@ -109,7 +110,7 @@ class Comm {
 
   MeshSpec spec_;
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroup> world_, shard_, sync_;
+  c10::intrusive_ptr<CollectiveGroup> world_, shard_, sync_;
   mutable std::mutex mu_;
   CommCounts counts_;
   int tag_ = 0;

@@ -223,6 +223,16 @@ void summary(const std::vector<Worker>& ws, double wall) {
     tokens += s["tokens"].get<uint64_t>();
     val = s["val_loss"].is_number() ? s["val_loss"].get<double>() : -1;
   }
+  // CUDA builds: the caching allocator's peaks of the rank that used the most.
+  double gpuAlloc = -1, gpuReserved = -1;
+  for (const auto& w : ws) {
+    if (w.summary.is_null() || !w.summary.contains("peak_gpu_allocated_bytes")) continue;
+    gpuAlloc = std::max(gpuAlloc, w.summary.value("peak_gpu_allocated_bytes", 0.0));
+    gpuReserved = std::max(gpuReserved, w.summary.value("peak_gpu_reserved_bytes", 0.0));
+  }
+  if (gpuAlloc >= 0)
+    std::printf("\npeak GPU memory (largest rank): %sB allocated, %sB reserved\n", human(gpuAlloc).c_str(),
+                human(gpuReserved).c_str());
   int replaced = 0, recoveries = 0;
   double recoverySecs = 0;
   int64_t rolledBack = 0;

@@ -22,6 +22,10 @@
 #include "telemetry.h"
 #include "trainer.h"
 
+#ifdef EDIT_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 using namespace edit;
 using nlohmann::json;
 
@@ -134,9 +138,12 @@ int main(int argc, char** argv) {
   Trainer* self = nullptr;
   double lastT = nowSeconds();
   uint64_t lastTokens = 0;
+  double stepSecondsTotal = 0, syncWorkTotal = 0;  // for the sync share in the summary
   TrainerHooks hooks;
   hooks.log = [&](const std::string& s) { std::cerr << tag << s << "\n"; };
   hooks.onStep = [&](const StepReport& r) {
+    stepSecondsTotal += r.stepSeconds;
+    syncWorkTotal += r.syncSeconds;
     if (metrics) metrics->update(r);
     if (telemetry) {
       if (r.step % std::max<int64_t>(1, cfg.telemetry.everySteps) == 0 || r.step == r.totalSteps)
@@ -188,7 +195,23 @@ int main(int argc, char** argv) {
               {"memory_plan", {{"state", res.memory.state()}, {"buffers", res.memory.buffers},
                                {"parameters", res.memory.parameters}, {"gradients", res.memory.gradients},
                                {"optimizer", res.memory.optimizer}, {"outer", res.memory.outer},
-                               {"snapshot", res.memory.snapshot}}}};
+                               {"snapshot", res.memory.snapshot}}},
+              // Efficiency reports (scripts/gpu-smoke.sh): model FLOPs, and the time of
+              // the steps and of the synchronization work within them.
+              {"params", parameterCount(shapeOf(cfg.model))},
+              {"flops_per_token", flopsPerToken(shapeOf(cfg.model), cfg.data.seqLen)},
+              {"step_seconds_total", stepSecondsTotal}, {"sync_work_seconds", syncWorkTotal},
+              {"device", "cpu"}};
+#ifdef EDIT_WITH_CUDA
+    // The GPU this worker trained on (Trainer::selectDevice made it current).
+    if (cfg.runtime.backend != "gloo" && torch::cuda::is_available()) {
+      const int dev = c10::cuda::current_device();
+      const DeviceMemoryPeak peak = deviceMemoryPeak(dev);
+      s["device"] = "cuda:" + std::to_string(dev);
+      s["peak_gpu_allocated_bytes"] = peak.allocated;
+      s["peak_gpu_reserved_bytes"] = peak.reserved;
+    }
+#endif
     std::cout << "@edit-summary " << s.dump() << std::endl;
     return res.stopped ? kExitTerminated : kExitOk;
   } catch (const ConfigError& e) {

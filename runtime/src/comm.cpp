@@ -4,6 +4,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <dlfcn.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <stdexcept>
@@ -391,6 +393,11 @@ void CommStream::wait(const Pending& p, Group g, const std::string& op) {
 void CommStream::loop() {
   // Communication never records autograd history.
   torch::NoGradGuard guard;
+  // The ops between collectives (copies, scaling, norms) run on this thread alone: an
+  // OpenMP team of its own would spin-wait against the training thread's team for cores.
+  // at::get_num_threads() first makes ATen set this thread up, which would undo it after.
+  (void)at::get_num_threads();
+  if (auto* set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set(1);
 #ifdef EDIT_WITH_CUDA
   std::unique_ptr<c10::cuda::CUDAStreamGuard> streamGuard;
   if (side_) streamGuard = std::make_unique<c10::cuda::CUDAStreamGuard>(

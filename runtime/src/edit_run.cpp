@@ -325,6 +325,7 @@ bool spawn(Worker& w, const Options& o, const std::string& bin, int port, const 
     set("LOCAL_RANK", std::to_string(r));  // GPU builds: worker r uses GPU r % count
     set("EDIT_JOIN", join ? "1" : "0");
     if (!coreType.empty()) set("OPENBLAS_CORETYPE", coreType);
+    if (!edit::ompWaitPolicy().empty()) set("OMP_WAIT_POLICY", edit::ompWaitPolicy());
     if (o.metricsPort >= 0) set("EDIT_METRICS_PORT", std::to_string(o.metricsPort + r));
     std::vector<std::string> args{bin};
     if (!o.config.empty()) args.insert(args.end(), {"--config", o.config});

@@ -77,7 +77,7 @@ Config loadConfig(int argc, char** argv, bool& printOnly) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  reexecWithBlasCoreType(argv);
+  reexecWithLibraryEnv(argv);
   Config cfg;
   MeshSpec mesh;
   bool printOnly = false;
@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
   const std::string tag = "[rank " + std::to_string(mesh.rank) + "] ";
   if (auto* coreName = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename")))
     std::cerr << tag << "OpenBLAS kernels: " << coreName() << "\n";  // Prescott here is the slow fallback
+  std::cerr << tag << "OpenMP wait policy: " << envOr("OMP_WAIT_POLICY", "(libgomp default: spin)") << "\n";
   std::unique_ptr<WorkerMetrics> metrics;
   std::unique_ptr<TelemetryClient> telemetry;
   try {

@@ -102,7 +102,7 @@ void Trainer::setup() {
   if (!mesh_.join) {
     torch::NoGradGuard ng;
     double fp = 0;
-    for (auto& u : units_) fp += u.slice.to(torch::kFloat64).sum().item<double>();
+    for (auto& u : units_) fp += u.slice.sum(torch::kFloat64).item<double>();
     auto hi = torch::full({1}, fp, torch::kFloat64), lo = torch::full({1}, -fp, torch::kFloat64);
     comm_->allreduce(Group::Sync, hi, c10d::ReduceOp::MAX);
     comm_->allreduce(Group::Sync, lo, c10d::ReduceOp::MAX);

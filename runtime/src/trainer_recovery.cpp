@@ -214,7 +214,7 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
 
   // The copies must be bit-identical across the sync group, as after any sync round.
   double fp = 0;
-  for (auto& o : outer_) fp += o.outer.to(torch::kFloat64).sum().item<double>();
+  for (auto& o : outer_) fp += o.outer.sum(torch::kFloat64).item<double>();
   auto hi = torch::full({1}, fp, torch::kFloat64), lo = torch::full({1}, -fp, torch::kFloat64);
   comm_->allreduce(Group::Sync, hi, c10d::ReduceOp::MAX);
   comm_->allreduce(Group::Sync, lo, c10d::ReduceOp::MAX);

@@ -213,7 +213,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  reexecWithBlasCoreType(argv);  // Debian's OpenBLAS otherwise picks slow kernels here
+  reexecWithLibraryEnv(argv);  // Debian's OpenBLAS otherwise picks slow kernels here
   Options o;
   try {
     o = parse(argc, argv);

@@ -184,7 +184,8 @@ class Robustness(EditRun):
     def test_edit_train_picks_fast_blas_kernels(self):
         """edit-train started directly (as in a pod, without edit-run to set
         OPENBLAS_CORETYPE) still gets OpenBLAS kernels for this CPU, not the SSE3 fallback
-        Debian's OpenBLAS picks on recent Xeons; a value already set is kept."""
+        Debian's OpenBLAS picks on recent Xeons, and a passive OpenMP wait policy; values
+        already set are kept."""
         flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
         want = ("Cooperlake" if "avx512_bf16" in flags else
                 "SkylakeX" if {"avx512f", "avx512bw", "avx512vl"} <= set(flags) else
@@ -192,16 +193,18 @@ class Robustness(EditRun):
         if want is None:
             self.skipTest("this CPU needs no OPENBLAS_CORETYPE")
         train = os.path.join(os.path.dirname(EDIT_RUN), "edit-train")
-        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY")}
         env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                    EDIT_BIND_ADDR="127.0.0.1")
         sets = self.base_sets() + ["training.steps=2", "algorithm.mode=ddp", "metrics.port=-1"]
         for preset, expect in ((None, want), ("Haswell", "Haswell")):
-            e = dict(env, **({"OPENBLAS_CORETYPE": preset} if preset else {}))
+            e = dict(env, **({"OPENBLAS_CORETYPE": preset, "OMP_WAIT_POLICY": "ACTIVE"} if preset else {}))
             p = subprocess.run([train] + sum((["--set", s] for s in sets), []), env=e,
                                capture_output=True, text=True, timeout=300)
             self.assertEqual(p.returncode, 0, p.stderr[-3000:])
             self.assertIn("OpenBLAS kernels: %s\n" % expect, p.stderr)
+            # Idle OpenMP threads wait passively (they would spin against OpenBLAS's threads).
+            self.assertIn("OpenMP wait policy: %s\n" % ("PASSIVE" if preset is None else "ACTIVE"), p.stderr)
 
     def test_sigterm_checkpoints_and_rerun_resumes(self):
         sets = self.base_sets() + ["algorithm.mode=edit", "training.steps=400"]

@@ -124,3 +124,16 @@ TEST(Mesh, EnvironmentErrorsNameTheVariable) {
   ::unsetenv("WORLD_SIZE");
   ::unsetenv("EDIT_SHARDS");
 }
+
+TEST(Collectives, CommStreamRunsItsOpsOnOneThread) {
+  at::set_num_threads(2);
+  MeshSpec m = test::meshFor(0, 1, 1, test::freePort());
+  Comm comm(m);
+  CommStream stream(comm);
+  int inside = 0;
+  auto p = stream.enqueue([&] { inside = at::get_num_threads(); });
+  stream.wait(p, Group::Shard, "probe");
+  EXPECT_EQ(inside, 1);
+  EXPECT_EQ(at::get_num_threads(), 2);  // the training thread keeps its team
+  at::set_num_threads(1);
+}

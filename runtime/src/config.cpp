@@ -312,6 +312,7 @@ std::vector<Field> fieldsOf(Config& c) {
     nums(1, 7 * 86400, true, false));
   B("runtime.reshardAfterForward", c.runtime.reshardAfterForward);
   I("runtime.allocatorCacheMB", c.runtime.allocatorCacheMB, ints(0, 1 << 20));
+  I("runtime.bucketMB", c.runtime.bucketMB, ints(0, 1 << 16));
   return f;
 }
 

@@ -113,7 +113,7 @@ struct TelemetryConfig {
 
 struct StepDelay {
   int rank = -1;              // rank to slow down (-1: none)
-  double seconds = 0;         // extra seconds per step
+  double seconds = 0;         // extra seconds per step, slept after the step's compute
   bool random = false;        // a random rank each step (chosen from the seed and step)
 };
 
@@ -151,6 +151,9 @@ struct RuntimeConfig {
   // Free CPU blocks (64 KiB - 64 MiB) kept for reuse by the next step instead of going back
   // to the OS and faulting in again (cpu_allocator.h); 0 turns the caching allocator off.
   int64_t allocatorCacheMB = 256;
+  // Gradient slices of neighbouring units all-reduced across replicas as one collective
+  // (ddp and the synchronous warm-up), up to this size.
+  int64_t bucketMB = 4;
 };
 
 struct Config {

@@ -1,6 +1,7 @@
 #include "cpu_allocator.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -26,7 +27,12 @@ class CachingCpuAllocator final : public c10::Allocator {
  public:
   CachingCpuAllocator(c10::Allocator* fallback, int64_t maxCached) : fallback_(fallback), max_(maxCached) {}
 
+  // 1.13 declares allocate() const; 2.x (checked against 2.6 by check-libtorch2.sh) does not.
+#if TORCH_VERSION_MAJOR >= 2
+  c10::DataPtr allocate(size_t n) override {
+#else
   c10::DataPtr allocate(size_t n) const override {
+#endif
     if (n < kMinBytes || n > kMaxBytes) return fallback_->allocate(n);
     const size_t bytes = (n + kPage - 1) / kPage * kPage;
     Block* b = nullptr;
@@ -50,8 +56,10 @@ class CachingCpuAllocator final : public c10::Allocator {
     return {b->ptr, b, &release, c10::Device(c10::DeviceType::CPU)};
   }
 
-  // LibTorch 2.x asks allocators to copy; 1.13 does not have this (no `override`).
-  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+  // LibTorch 2.x asks allocators to copy; 1.13 does not have this.
+#if TORCH_VERSION_MAJOR >= 2
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+#endif
 
   static void release(void* ctx) {
     auto* b = static_cast<Block*>(ctx);

@@ -101,6 +101,10 @@ std::vector<FlatUnit> buildUnits(const ModelShape& s, int shards, int shard, uin
   torch::NoGradGuard ng;
   std::vector<FlatUnit> units;
   auto layouts = modelLayout(s);
+  int64_t arenaSize = 0;
+  for (const auto& l : layouts) arenaSize += (l.numel + shards - 1) / shards;
+  auto arena = torch::zeros({arenaSize}, opts);
+  int64_t arenaOffset = 0;
   for (size_t i = 0; i < layouts.size(); ++i) {
     FlatUnit u;
     u.layout = layouts[i];
@@ -127,7 +131,10 @@ std::vector<FlatUnit> buildUnits(const ModelShape& s, int shards, int shard, uin
       u.full = u.full.to(device);
       u.slice = u.full;
     }
-    u.gradSlice = torch::zeros({u.chunk}, opts);
+    u.gradArena = arena;
+    u.gradOffset = arenaOffset;
+    u.gradSlice = arena.narrow(0, arenaOffset, u.chunk);
+    arenaOffset += u.chunk;
     for (const auto& p : u.layout.params) {
       if (!p.decay) continue;
       const int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, lo + u.chunk);

@@ -37,7 +37,11 @@ struct FlatUnit {
   int64_t padded = 0, chunk = 0;
   int shards = 1, shard = 0;
   torch::Tensor slice;      // [chunk] this rank's master slice (own memory when N > 1)
-  torch::Tensor gradSlice;  // [chunk] this rank's reduced gradient
+  torch::Tensor gradSlice;  // [chunk] this rank's reduced gradient, a view of gradArena
+  // Every unit's gradSlice lives in one flat buffer, in unit order, so neighbouring units'
+  // gradients can be all-reduced as one bucket and whole-model reductions are one op.
+  torch::Tensor gradArena;
+  int64_t gradOffset = 0;   // of gradSlice in gradArena
   // [start, length) ranges inside the slice that get weight decay (matrices, not gains).
   std::vector<std::pair<int64_t, int64_t>> decayRanges;
   torch::Tensor full;       // [padded] gathered parameters; memory attached only while gathered

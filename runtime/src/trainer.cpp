@@ -153,12 +153,16 @@ bool Trainer::syncDue(int64_t t) {
   const auto& a = cfg_.algorithm;
   if (!isLocalMode() || t <= a.warmupSteps || t == skipSyncAt_) return false;
   if (a.mode != "a-edit") return (t - a.warmupSteps) % a.syncInterval == 0;
-  // A-EDiT: time-based, but every rank of a replica must decide alike: agree on the
-  // largest elapsed time in the shard group (its ranks step in lockstep anyway).
-  auto elapsed = torch::full({1}, nowSeconds() - lastSyncTime_, torch::kFloat64);
-  comm_->allreduce(Group::Shard, elapsed, c10d::ReduceOp::MAX);
+  // A-EDiT: time-based. Sync at the step boundary nearest the deadline: now, unless the
+  // next one (a step away, by this replica's recent local steps) is nearer. A slow replica
+  // then arrives at most half of its step early or late instead of up to a whole step late
+  // while the others wait. Every rank of a replica must decide alike: agree on the largest
+  // elapsed time and step time in the shard group (its ranks step in lockstep anyway).
+  auto v = torch::tensor({nowSeconds() - lastSyncTime_, localStepSeconds_}, torch::kFloat64);
+  comm_->allreduce(Group::Shard, v, c10d::ReduceOp::MAX);
+  const double elapsed = v[0].item<double>(), step = v[1].item<double>();
   if (a.maxStepsPerSync > 0 && stepsSinceSync_ >= a.maxStepsPerSync) return true;
-  return elapsed.item<double>() >= a.syncSeconds && stepsSinceSync_ >= a.minStepsPerSync;
+  return elapsed + 0.5 * step >= a.syncSeconds && stepsSinceSync_ >= a.minStepsPerSync;
 }
 
 Trainer::Control Trainer::exchangeControl(int64_t t) {
@@ -317,8 +321,26 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   auto ensureBack = [&](size_t u) {
     if (regather && u + 1 < U && !gathered[u].valid()) gathered[u] = prepareUnit(u, false, nullptr, nullptr);
   };
-  auto reduceGrad = [this, N, averageReplicas](size_t u, torch::Tensor grad) {
-    return stream_->enqueue([this, u, N, averageReplicas, grad]() mutable {
+  // Across replicas the gradient slices are all-reduced in buckets of neighbouring units
+  // (runtime.bucketMB): a bucket goes once its lowest unit is reduced inside the replica,
+  // so small units share one collective and large ones still overlap the backward.
+  // At a bucket's lowest unit: one past its highest unit; elsewhere 0 (no collective yet).
+  std::vector<size_t> bucketEnd(U, 0);
+  if (averageReplicas) {
+    const int64_t limit = std::max<int64_t>(1, cfg_.runtime.bucketMB << 20) / 4;
+    size_t hi = U;
+    int64_t size = 0;
+    for (size_t u = U; u-- > 0;) {
+      size += units_[u].chunk;
+      if (size >= limit || u == 0) {
+        bucketEnd[u] = hi;
+        hi = u;
+        size = 0;
+      }
+    }
+  }
+  auto reduceGrad = [this, N, averageReplicas, &bucketEnd](size_t u, torch::Tensor grad) {
+    return stream_->enqueue([this, u, N, averageReplicas, grad, end = bucketEnd[u]]() mutable {
       auto& unit = units_[u];
       if (grad.defined()) {
         comm_->reduceScatterSum(Group::Shard, grad);
@@ -326,17 +348,18 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
         waitForDeviceWork(grad);  // before the buffer can be reused by the training stream
         buffers_->give(std::move(grad));
       }
-      if (averageReplicas) {
-        comm_->allreduce(Group::Sync, unit.gradSlice);
-        unit.gradSlice.div_(comm_->replicas());
+      if (averageReplicas && end > u) {
+        const auto& last = units_[end - 1];
+        auto bucket = unit.gradArena.narrow(0, unit.gradOffset, last.gradOffset + last.chunk - unit.gradOffset);
+        comm_->allreduce(Group::Sync, bucket);
+        bucket.div_(comm_->replicas());
       }
     });
   };
   const bool reduce = sharded || averageReplicas;
   // Unsharded, the parameters' .grad are views of gradSlice; it was the sync's scratch
   // during the forward.
-  if (!sharded)
-    for (auto& u : units_) u.gradSlice.zero_();
+  if (!sharded) units_[0].gradArena.zero_();
   for (size_t u = U; u-- > 0;) {
     if (u + 1 < U) {
       for (size_t k = 0; k <= depth && k <= u; ++k) ensureBack(u - k);
@@ -376,15 +399,15 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   // group), then the inner step. A non-finite norm skips the step instead of poisoning
   // the weights.
   torch::NoGradGuard ng;
-  auto sqT = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
-  for (auto& u : units_) sqT += u.gradSlice.dot(u.gradSlice).to(torch::kFloat64);
+  const auto& arena = units_[0].gradArena;  // every unit's slice; the padding is zero
+  auto sqT = arena.dot(arena).to(torch::kFloat64).reshape({1});
   comm_->allreduce(Group::Shard, sqT);
   const double gnorm = std::sqrt(sqT.item<double>());
   if (!std::isfinite(gnorm)) {
     log("step " + std::to_string(t) + ": non-finite gradient norm, inner step skipped");
   } else {
     if (cfg_.training.gradClip > 0 && gnorm > cfg_.training.gradClip)
-      for (auto& u : units_) u.gradSlice.mul_(cfg_.training.gradClip / (gnorm + 1e-6));
+      units_[0].gradArena.mul_(cfg_.training.gradClip / (gnorm + 1e-6));
     adam_->step(units_, learningRate(cfg_.training, t, totalSteps_));
   }
   return loss.item<double>();
@@ -501,11 +524,17 @@ TrainResult Trainer::run() {
         break;
       }
       killIfAsked(t);
-      injectDelay(t);
       if (sync) corruptIfAsked();
 
       StepOutcome out;
       lastLoss = trainStep(t, sync, out);
+      // A straggler's extra time comes after its compute, like a slow backward or optimizer,
+      // so it delays the step but not a synchronization its replica already entered.
+      injectDelay(t);
+      if (!sync && !synchronousAt(t)) {
+        const double d = nowSeconds() - t0;
+        localStepSeconds_ = localStepSeconds_ > 0 ? 0.7 * localStepSeconds_ + 0.3 * d : d;
+      }
       step_ = t + 1;
       tokens_ += static_cast<uint64_t>(cfg_.data.batchSize * cfg_.data.seqLen);
       if (out.synced) {

@@ -202,22 +202,25 @@ struct Case {
   int M, N;
   bool reshard = true;   // runtime.reshardAfterForward (ZeRO-3) or not (ZeRO-2)
   bool prefetch = true;
+  int64_t bucketMB = 4;  // runtime.bucketMB; 0: every unit all-reduced on its own
 };
 // gtest prints parameters with PrintTo (else as raw bytes in ctest's listing).
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.mode << " M=" << c.M << " N=" << c.N << (c.reshard ? "" : " zero2") << (c.prefetch ? "" : " noprefetch");
+  *os << c.mode << " M=" << c.M << " N=" << c.N << (c.reshard ? "" : " zero2") << (c.prefetch ? "" : " noprefetch")
+      << (c.bucketMB == 0 ? " unbucketed" : "");
 }
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, ShardedRunMatchesSingleProcessReference) {
   at::set_num_threads(1);
-  const auto [mode, M, N, reshard, prefetch] = GetParam();
+  const auto [mode, M, N, reshard, prefetch, bucketMB] = GetParam();
   const auto dir = test::tempDir("edit-equiv");
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 7));
   c.algorithm.mode = mode;
   c.runtime.reshardAfterForward = reshard;
   c.algorithm.prefetch = prefetch;
+  c.runtime.bucketMB = bucketMB;
   const int port = test::freePort();
   std::vector<std::vector<torch::Tensor>> shards(M * N);
   std::vector<std::vector<torch::Tensor>> outers(M * N);
@@ -257,11 +260,13 @@ INSTANTIATE_TEST_SUITE_P(Modes, Equivalence,
                                            Case{"diloco", 2, 1}, Case{"localsgd", 2, 2},
                                            Case{"edit", 4, 1}, Case{"edit", 1, 3},
                                            Case{"edit", 2, 2, false}, Case{"ddp", 1, 3, false},
-                                           Case{"edit", 2, 2, true, false}),
+                                           Case{"edit", 2, 2, true, false},
+                                           Case{"ddp", 2, 2, true, true, 0}),
                          [](const auto& info) {
                            auto n = info.param.mode + "_M" + std::to_string(info.param.M) + "_N" +
                                     std::to_string(info.param.N) + (info.param.reshard ? "" : "_zero2") +
-                                    (info.param.prefetch ? "" : "_noprefetch");
+                                    (info.param.prefetch ? "" : "_noprefetch") +
+                                    (info.param.bucketMB == 0 ? "_unbucketed" : "");
                            for (auto& ch : n)
                              if (ch == '-') ch = '_';
                            return n;

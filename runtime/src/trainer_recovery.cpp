@@ -12,6 +12,7 @@
 #include <csignal>
 #include <unistd.h>
 
+#include "recovery_plan.h"
 #include "trainer.h"
 
 namespace edit {
@@ -89,7 +90,7 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   const int W = comm_->world(), N = comm_->shards();
   // What each rank can offer: the outer state after round `cur` (unless a round is
   // half-applied) and the snapshot from the start of the current round.
-  enum Col { kJoiner, kCur, kSnap, kCurStep, kSnapStep, kAdam, kCkpt, kCols };
+  enum Col { kJoiner, kCur, kSnap, kCurStep, kSnapStep, kAdam, kCkpt, kNext, kNextStep, kCols };
   auto mine = torch::full({kCols}, -1.0, torch::kFloat64);
   auto m = mine.accessor<double, 1>();
   m[kJoiner] = joiner ? 1 : 0;
@@ -101,6 +102,10 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
     if (snap_.valid) m[kSnap] = static_cast<double>(snap_.round);
     m[kCurStep] = static_cast<double>(roundDone ? roundBeginStep_ : roundStep_);
     m[kSnapStep] = static_cast<double>(snap_.step);
+    if (inRound_ && !roundDone) {  // half applied: its sync peers may have completed it
+      m[kNext] = static_cast<double>(syncRounds_ + 1);
+      m[kNextStep] = static_cast<double>(roundBeginStep_);
+    }
     m[kAdam] = static_cast<double>(adam_->stepCount());
     m[kCkpt] = static_cast<double>(lastCheckpointId_);
   }
@@ -111,43 +116,19 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   auto T = table.accessor<double, 2>();
   auto survivor = [&](int r) { return T[r][kJoiner] == 0; };
 
-  // The newest round every survivor holds. Rounds are fenced by a world-wide control
-  // exchange, so survivors are at most one round apart and the older one is always held.
-  int64_t round = -1;
-  bool first = true;
+  // The round to continue from, each shard's source replica, who copies (recovery_plan.h).
+  std::vector<RecoveryOffer> offers(W);
   for (int r = 0; r < W; ++r) {
-    if (!survivor(r)) continue;
-    const auto best = static_cast<int64_t>(std::max(T[r][kCur], T[r][kSnap]));
-    round = first ? best : std::min(round, best);
-    first = false;
+    auto i = [&](Col c) { return static_cast<int64_t>(T[r][c]); };
+    offers[r] = {!survivor(r), i(kCur), i(kSnap), i(kNext), i(kCurStep), i(kSnapStep), i(kNextStep)};
   }
-  auto stepAt = [&](int r) {
-    return static_cast<int64_t>(T[r][kCur] == round ? T[r][kCurStep] : T[r][kSnapStep]);
-  };
-  std::string why;
-  if (first || round < 0) why = "no survivor holds an outer state yet";
-  for (int r = 0; r < W && why.empty(); ++r)
-    if (survivor(r) && T[r][kCur] != round && T[r][kSnap] != round)
-      why = "rank " + std::to_string(r) + " no longer holds sync round " + std::to_string(round);
-  // Source of each shard index: its lowest surviving replica.
-  std::vector<int> source(N, -1);
-  for (int s = 0; s < N && why.empty(); ++s) {
-    for (int rep = 0; rep < comm_->replicas() && source[s] < 0; ++rep)
-      if (survivor(rep * N + s)) source[s] = rep;
-    if (source[s] < 0)
-      why = "every replica's rank with shard " + std::to_string(s) + " was lost";
-  }
-  if (!why.empty()) throw PeerLost("cannot recover in place: " + why + "; restart from a checkpoint");
-
-  // The step this rank resumes at: its replica's (shard groups step in lockstep), taken
-  // from a survivor of the replica, else from the rank it copies its shard from.
+  const RecoveryPlan plan = planRecovery(offers, comm_->replicas(), N);
+  if (!plan.why.empty()) throw PeerLost("cannot recover in place: " + plan.why + "; restart from a checkpoint");
+  const int64_t round = plan.round;
+  const std::vector<int>& source = plan.source;
   const int me = mesh_.rank, myShard = comm_->shard(), myReplica = comm_->replica();
-  int stepFrom = source[myShard] * N + myShard;
-  if (survivor(me)) stepFrom = me;
-  else
-    for (int s = 0; s < N; ++s)
-      if (survivor(myReplica * N + s)) { stepFrom = myReplica * N + s; break; }
-  const int64_t step = stepAt(stepFrom);
+  const int stepFrom = plan.stepFrom[me];
+  const int64_t step = plan.step[me];
   int64_t lastCkpt = -1;
   int joiners = 0;
   for (int r = 0; r < W; ++r) {
@@ -156,7 +137,7 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   }
 
   // Survivors that got further than `round` go back to their snapshot.
-  if (!joiner && T[me][kCur] != round) {
+  if (plan.fromSnapshot[me]) {
     for (size_t u = 0; u < outer_.size(); ++u) {
       outer_[u].outer.copy_(snap_.outer[u].outer);
       outer_[u].momentum.copy_(snap_.outer[u].momentum);
@@ -165,9 +146,10 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   }
   if (joiner) initOuter();  // allocates outer_ in the right place; filled below
 
-  // Copy from the source replica over the sync group, if this sync group has a joiner.
+  // Copy from the source replica over the sync group, if this sync group has a joiner (or
+  // a survivor that did not complete `round`).
   bool groupHasJoiner = false;
-  for (int rep = 0; rep < comm_->replicas(); ++rep) groupHasJoiner |= !survivor(rep * N + myShard);
+  for (int rep = 0; rep < comm_->replicas(); ++rep) groupHasJoiner |= plan.receives[rep * N + myShard];
   if (groupHasJoiner) {
     const int root = source[myShard];
     for (size_t u = 0; u < units_.size(); ++u) {

@@ -31,7 +31,14 @@ enum ExitCode : int {
   kExitFailure = 1,         // unexpected error: retryable
   kExitInvalidInput = 2,    // bad config, data or checkpoint layout: permanent
   kExitPeerLost = 75,       // a collective failed or timed out (a peer died): retryable
+  kExitLeft = 76,           // SIGTERM reached this worker and not the whole gang: it left,
+                            // its peers recover in place around its replacement
   kExitTerminated = 143,    // stopped by SIGTERM/operator after saving a checkpoint
+};
+
+// Thrown out of Trainer::run() on the ranks that leave alone (kExitLeft).
+struct LeftAlone : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 struct TrainResult {
@@ -160,6 +167,7 @@ class Trainer {
   int64_t roundBeginStep_ = 0;   // step of the round in progress
   int64_t roundStep_ = 0;        // step at which outer_ (after syncRounds_ rounds) was set
   int64_t skipSyncAt_ = -1;      // the round at this step was already done before a rollback
+  int partialTermExchanges_ = 0;  // consecutive control exchanges where some ranks, not all, had SIGTERM
 };
 
 // Set by edit-train's SIGTERM handler; every Trainer polls it.

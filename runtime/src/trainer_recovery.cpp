@@ -193,6 +193,7 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   lastSyncTime_ = nowSeconds();
   lastCheckpointId_ = lastCkpt;
   controlId_ = std::max<int64_t>(controlId_, lastCkpt);
+  partialTermExchanges_ = 0;  // a new generation: a joiner counts from zero too
 
   // The copies must be bit-identical across the sync group, as after any sync round.
   double fp = 0;

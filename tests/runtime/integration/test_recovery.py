@@ -10,10 +10,13 @@ recovery cannot work (the synchronous warmup has no outer state; runtime.recover
 no replacement comes) the run fails so a launcher restarts the gang from a checkpoint.
 """
 import glob
+import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -136,6 +139,86 @@ class Recovery(unittest.TestCase):
     def test_recovery_exit_policy(self):
         self.expect_gang_restart(["runtime.recovery=exit", "debug.killAtStep.rank=2",
                                   f"debug.killAtStep.step={KILL_AT}"], "runtime.recovery=exit")
+
+    # ---- SIGTERM on one worker (its pod deleted or evicted), not the gang ------------------
+    def sigterm_one(self, rank, at_step, sets):
+        """Starts edit-run, sends SIGTERM to worker `rank` alone once it logged `at_step`,
+        returns (edit-run's exit code, stderr, logs dir)."""
+        logs = os.path.join(self.d, "logs-term")
+        sets = self.base_sets() + [f"checkpoint.dir={self.d}/ck-term", "checkpoint.keep=100",
+                                   "training.logEvery=1", "runtime.collectiveTimeoutSeconds=60",
+                                   "runtime.rendezvousTimeoutSeconds=120"] + sets
+        p = subprocess.Popen([EDIT_RUN, "--nproc", "4", "--shards", "2", "--log-dir", logs, "--quiet"]
+                             + sum((["--set", x] for x in sets), []),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            pid = None
+            while pid is None:
+                self.assertLess(time.monotonic(), deadline, "worker never reached step %d" % at_step)
+                self.assertIsNone(p.poll(), "edit-run ended early")
+                time.sleep(0.05)
+                try:
+                    with open(os.path.join(logs, f"rank-{rank}.log")) as f:
+                        rows = [json.loads(l[6:]) for l in f if l.startswith("@edit ")]
+                except (OSError, ValueError):
+                    continue
+                if rows and rows[-1]["step"] >= at_step:
+                    pid = worker_pid(p.pid, rank)
+            os.kill(pid, signal.SIGTERM)
+            out, err = p.communicate(timeout=300)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        return p.returncode, err, logs
+
+    def test_sigterm_one_worker_leaves_and_is_replaced_in_place(self):
+        # Only rank 1 gets SIGTERM in a local phase: it leaves at the second control exchange
+        # after the signal (exit 76: had the whole gang been signalled, every rank would
+        # have seen it by then and stopped together), edit-run replaces it, and the others
+        # recover in place: no checkpoint read, no worker stopped, exit 0.
+        code, err, logs = self.sigterm_one(1, 14, ["algorithm.mode=edit", "training.steps=64"])
+        self.assertEqual(code, 0, err[-3000:])
+        self.assertIn("worker 1 exited with code 76; starting a replacement", err)
+        with open(os.path.join(logs, "rank-1.log")) as f:
+            self.assertIn("left the job: SIGTERM reached 1 of 4 workers", f.read())
+        s = summaries(logs)
+        self.assertEqual(sorted(s), [0, 1, 2, 3])
+        self.assertTrue(s[1]["joined"], s[1])
+        for r in range(4):
+            self.assertFalse(s[r]["stopped"], s[r])
+            self.assertEqual(s[r]["resumed_from"], -1, f"rank {r} read a checkpoint")
+            self.assertEqual(s[r]["steps"], 64, s[r])
+            if r != 1:
+                self.assertEqual(s[r]["recoveries"], 1, s[r])
+                self.assertLessEqual(s[r]["steps_rolled_back"], SYNC + 1, s[r])
+
+    def test_sigterm_one_worker_in_warmup_stops_the_gang(self):
+        # In the synchronous warm-up there is no outer state to recover from: one worker's
+        # SIGTERM stops every worker after a checkpoint, as before (exit 143).
+        code, err, logs = self.sigterm_one(2, 3, ["algorithm.mode=edit", "algorithm.warmupSteps=40",
+                                                  "training.steps=48"])
+        self.assertEqual(code, 143, err[-3000:])
+        s = summaries(logs)
+        self.assertTrue(all(x["stopped"] for x in s.values()), s)
+        self.assertTrue(glob.glob(os.path.join(self.d, "ck-term", "step-*", "MANIFEST")), "no checkpoint")
+
+
+def worker_pid(launcher, rank):
+    """The pid of edit-run's child with RANK=rank (edit-train re-executes itself in place)."""
+    def read(path, mode="r"):
+        with open(path, mode) as f:
+            return f.read()
+    for child in os.listdir("/proc"):
+        try:
+            if not child.isdigit() or int(read(f"/proc/{child}/stat").rsplit(")", 1)[1].split()[1]) != launcher:
+                continue
+            env = read(f"/proc/{child}/environ", "rb").split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if f"RANK={rank}".encode() in env:
+            return int(child)
+    raise AssertionError(f"no worker with RANK={rank} under pid {launcher}")
 
 
 if __name__ == "__main__":

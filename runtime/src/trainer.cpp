@@ -456,7 +456,7 @@ TrainResult Trainer::run() {
   TrainResult result;
   if (mesh_.join) {
     result.joined = true;
-    restoreFromPeers(true, nullptr);
+    joinRunningJob();
   } else if (!cfg_.checkpoint.dir.empty() && cfg_.checkpoint.resume && tryResume()) {
     result.resumedFrom = step_;
     roundStep_ = step_ - stepsSinceSync_;

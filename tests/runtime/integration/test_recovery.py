@@ -34,22 +34,22 @@ class Recovery(unittest.TestCase):
     tearDown = base.EditRun.tearDown
     base_sets = base.EditRun.base_sets  # the tiny model and schedule of the mode tests
 
-    def launch(self, tag, shards, sets, args=()):
+    def launch(self, tag, shards, sets, args=(), env=None):
         logs = os.path.join(self.d, "logs-" + tag)
         sets = self.base_sets() + [f"checkpoint.dir={self.d}/ck-{tag}", "checkpoint.keep=100",
                                    "runtime.collectiveTimeoutSeconds=60",
                                    "runtime.rendezvousTimeoutSeconds=120"] + sets
         p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", str(shards), "--log-dir", logs] + list(args)
                            + sum((["--set", s] for s in sets), []),
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, **(env or {})))
         return p, logs
 
-    def recover(self, mode, shards, kill_rank, extra=(), kill_at=KILL_AT):
+    def recover(self, mode, shards, kill_rank, extra=(), kill_at=KILL_AT, env=None):
         extra = [f"algorithm.mode={mode}"] + list(extra)
         base, _ = self.launch("undisturbed", shards, extra)
         self.assertEqual(base.returncode, 0, base.stdout[-2000:] + base.stderr[-2000:])
         p, logs = self.launch("killed", shards, extra + [f"debug.killAtStep.rank={kill_rank}",
-                                                         f"debug.killAtStep.step={kill_at}"])
+                                                         f"debug.killAtStep.step={kill_at}"], env=env)
         out = p.stdout[-3000:] + p.stderr[-3000:]
         self.assertEqual(p.returncode, 0, out)
         self.assertIn(f"worker {kill_rank} exited with code 137; starting a replacement", p.stderr)
@@ -117,6 +117,19 @@ class Recovery(unittest.TestCase):
         self.recover("edit", 2, 0)
         with open(os.path.join(self.logs, "rank-1.log")) as f:
             self.assertIn("recovered in place (generation 1", f.read())
+
+    def test_connection_lost_during_the_state_copy_is_retried(self):
+        # Issue 19's race: a survivor loses a connection while the replacement arrives and
+        # copies its state. Here rank 1, the source of shard 1's outer state for rank 3's
+        # replacement, drops its groups in the middle of its first copy (a test hook), as
+        # when another rank fails or leaves at that moment. Every rank of that generation
+        # goes round again and meets in the next one, instead of exiting 75.
+        self.recover("edit", 2, 3, env={"EDIT_TEST_DROP_COPY_RANK": "1"})
+        logs = {r: read_file(os.path.join(self.logs, f"rank-{r}.log")) for r in range(4)}
+        self.assertIn("recovery attempt 1 in generation 1 failed", logs[1])
+        self.assertIn("joining in generation 1 failed", logs[3])
+        for r in range(4):
+            self.assertIn("recovered in place (generation 2", logs[r], f"rank {r}")
 
     def expect_gang_restart(self, sets, why, code=75, args=()):
         p, logs = self.launch("fails", 2, ["algorithm.mode=edit"] + sets, args)
@@ -204,11 +217,14 @@ class Recovery(unittest.TestCase):
         self.assertTrue(glob.glob(os.path.join(self.d, "ck-term", "step-*", "MANIFEST")), "no checkpoint")
 
 
+def read_file(path, mode="r"):
+    with open(path, mode) as f:
+        return f.read()
+
+
 def worker_pid(launcher, rank):
     """The pid of edit-run's child with RANK=rank (edit-train re-executes itself in place)."""
-    def read(path, mode="r"):
-        with open(path, mode) as f:
-            return f.read()
+    read = read_file
     for child in os.listdir("/proc"):
         try:
             if not child.isdigit() or int(read(f"/proc/{child}/stat").rsplit(")", 1)[1].split()[1]) != launcher:

@@ -221,6 +221,9 @@ int main(int argc, char** argv) {
   } catch (const data::DataError& e) {
     std::cerr << tag << "invalid data: " << e.what() << "\n";
     return kExitInvalidInput;
+  } catch (const LeftAlone& e) {
+    std::cerr << tag << "left the job: " << e.what() << "\n";
+    return kExitLeft;
   } catch (const PeerLost& e) {
     std::cerr << tag << "peer lost: " << e.what() << "\n";
     return kExitPeerLost;

@@ -58,33 +58,29 @@ void Rendezvous::arrive(int64_t gen, double deadline, const std::atomic<bool>& c
 void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) {
   const double deadline = nowSeconds() + timeoutSeconds;
   const std::string cur = std::to_string(generation_), next = std::to_string(generation_ + 1);
-  int64_t gen = -1;
   try {
     // Whoever comes first moves the counter; the rest read the value it moved to.
-    gen = parse(store_->compareSet(key("generation"), bytes(cur), bytes(next)));
+    const int64_t gen = parse(store_->compareSet(key("generation"), bytes(cur), bytes(next)));
+    arrive(gen, deadline, cancel);
+    return;
   } catch (const PeerLost&) {
     throw;
   } catch (const std::exception&) {
-    // The store is gone: rank 0 died. Its replacement hosts a fresh store at the same
-    // address (MASTER_ADDR names rank 0's pod, not its IP); meet it there.
-    reconnect(deadline, cancel);
-    waitForOpenGeneration(deadline, cancel);
-    return;
+    // The store is gone: rank 0 died, before or while we waited. Its replacement hosts a
+    // fresh store at the same address (MASTER_ADDR names rank 0's pod, not its IP); meet it
+    // there.
   }
-  try {
-    arrive(gen, deadline, cancel);
-  } catch (const PeerLost&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw PeerLost(std::string("rendezvous: the store (hosted by rank 0) is unreachable: ") + e.what());
-  }
+  reconnect(deadline, cancel);
+  waitForOpenGeneration(deadline, cancel);
 }
 
 void Rendezvous::reconnect(double deadline, const std::atomic<bool>& cancel) {
   MeshSpec client = spec_;
   client.join = true;  // never host: only rank 0's replacement does
   client.rank = std::max(1, spec_.rank);
-  client.timeoutSeconds = 5;
+  // Short attempts: until the replacement listens (and its name resolves) each one fails,
+  // and a long one would make every survivor wait out its end after the store is back.
+  client.timeoutSeconds = 1;
   std::string last;
   while (nowSeconds() < deadline) {
     checkCancel(cancel);
@@ -95,7 +91,7 @@ void Rendezvous::reconnect(double deadline, const std::atomic<bool>& cancel) {
     } catch (const std::exception& e) {
       last = e.what();
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   throw PeerLost("rendezvous: rank 0's store did not come back within runtime.rendezvousTimeoutSeconds (" +
                  last + ")");

@@ -169,21 +169,38 @@ Trainer::Control Trainer::exchangeControl(int64_t t) {
   // One tiny world all-gather at points every rank reaches in the same order: each step
   // of a synchronous phase, or each sync round of a local phase.
   Control c;
-  const bool stop = stopRequested_ || gTerminateRequested;
-  auto mine = torch::tensor({stop ? 1.0 : 0.0, checkpointRequested_ ? 1.0 : 0.0,
-                             static_cast<double>(t)}, torch::kFloat64);
+  auto mine = torch::tensor({stopRequested_ ? 1.0 : 0.0, checkpointRequested_ ? 1.0 : 0.0,
+                             static_cast<double>(t), gTerminateRequested ? 1.0 : 0.0}, torch::kFloat64);
   const int W = comm_->world();
-  auto all = torch::empty({W, 3}, torch::kFloat64);
+  auto all = torch::empty({W, 4}, torch::kFloat64);
   std::vector<torch::Tensor> outs;
   for (int r = 0; r < W; ++r) outs.push_back(all[r]);
   comm_->allgather(Group::World, mine, outs);
   auto acc = all.accessor<double, 2>();
+  int terminated = 0;
   for (int r = 0; r < W; ++r) {
     c.stop = c.stop || acc[r][0] > 0;
     c.checkpoint = c.checkpoint || acc[r][1] > 0;
     if (r % comm_->shards() == 0) c.replicaSteps += static_cast<int64_t>(acc[r][2]);
+    terminated += acc[r][3] > 0 ? 1 : 0;
   }
   checkpointRequested_ = false;
+  // SIGTERM on every rank (Ctrl-C, a suspended or deleted job) stops the gang after a
+  // checkpoint. On some ranks only (their pods were deleted or evicted) those ranks leave
+  // and the others recover in place around their replacements, where that is possible;
+  // but only once the same holds at a second exchange, because a whole gang's signals
+  // arrive spread out and one exchange can fall between them.
+  const bool inPlace = cfg_.runtime.recovery == "inPlace" && isLocalMode() && !synchronousAt(t) && outerReady_ &&
+                       mesh_.backend != "nccl";
+  if (terminated == W || (terminated > 0 && !inPlace)) {
+    c.stop = true;
+  } else if (terminated > 0 && !c.stop) {
+    if (++partialTermExchanges_ >= 2 && acc[mesh_.rank][3] > 0)
+      throw LeftAlone("SIGTERM reached " + std::to_string(terminated) + " of " + std::to_string(W) +
+                      " workers: leaving alone, the others recover in place");
+  } else {
+    partialTermExchanges_ = 0;
+  }
   return c;
 }
 
@@ -462,7 +479,7 @@ TrainResult Trainer::run() {
   TrainResult result;
   if (mesh_.join) {
     result.joined = true;
-    restoreFromPeers(true, nullptr);
+    joinRunningJob();
   } else if (!cfg_.checkpoint.dir.empty() && cfg_.checkpoint.resume && tryResume()) {
     result.resumedFrom = step_;
     roundStep_ = step_ - stepsSinceSync_;

@@ -31,7 +31,20 @@ enum ExitCode : int {
   kExitFailure = 1,         // unexpected error: retryable
   kExitInvalidInput = 2,    // bad config, data or checkpoint layout: permanent
   kExitPeerLost = 75,       // a collective failed or timed out (a peer died): retryable
+  kExitLeft = 76,           // SIGTERM reached this worker and not the whole gang: it left,
+                            // its peers recover in place around its replacement
   kExitTerminated = 143,    // stopped by SIGTERM/operator after saving a checkpoint
+};
+
+// The survivors' exchanged state rules an in-place recovery out (every rank decides alike):
+// nothing to retry, edit-train exits 75.
+struct RecoveryImpossible : PeerLost {
+  using PeerLost::PeerLost;
+};
+
+// Thrown out of Trainer::run() on the ranks that leave alone (kExitLeft).
+struct LeftAlone : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 struct TrainResult {
@@ -120,6 +133,8 @@ class Trainer {
   void endRound(int64_t t);
   bool recoverInPlace(const PeerLost& e, TrainResult& result);
   void restoreFromPeers(bool joiner, TrainResult* result);
+  void joinRunningJob();   // a replacement's restoreFromPeers, retried like a survivor's
+  void leaveGeneration();  // drops the process groups of a broken generation
 
   Config cfg_;
   MeshSpec mesh_;
@@ -161,6 +176,8 @@ class Trainer {
   int64_t roundBeginStep_ = 0;   // step of the round in progress
   int64_t roundStep_ = 0;        // step at which outer_ (after syncRounds_ rounds) was set
   int64_t skipSyncAt_ = -1;      // the round at this step was already done before a rollback
+  int partialTermExchanges_ = 0;  // consecutive control exchanges where some ranks, not all, had SIGTERM
+  bool outerLost_ = false;        // a failed state copy left outer_ half written
 };
 
 // Set by edit-train's SIGTERM handler; every Trainer polls it.

@@ -10,11 +10,27 @@
 // sync group. No disk checkpoint is read.
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <unistd.h>
 
+#include "recovery_plan.h"
 #include "trainer.h"
 
 namespace edit {
+namespace {
+
+// Test hook (tests/runtime/integration/test_recovery.py): EDIT_TEST_DROP_COPY_RANK=r makes
+// rank r fail its first state copy as if a connection were lost, after which it leaves the
+// generation like any rank whose peer went away.
+bool dropThisCopy(int rank) {
+  static bool dropped = false;
+  const char* v = std::getenv("EDIT_TEST_DROP_COPY_RANK");
+  if (dropped || !v || !*v || std::atoi(v) != rank) return false;
+  dropped = true;
+  return true;
+}
+
+}  // namespace
 
 void Trainer::killIfAsked(int64_t t) {
   const auto& k = cfg_.debug.killAtStep;
@@ -62,26 +78,69 @@ bool Trainer::recoverInPlace(const PeerLost& e, TrainResult& result) {
     log(std::string("peer lost: ") + e.what() + why + "; exiting for a gang restart");
     return false;
   }
-  const double t0 = nowSeconds();
+  const double t0 = nowSeconds(), deadline = t0 + cfg_.runtime.rendezvousTimeoutSeconds;
   const int64_t stepBefore = step_;
   log(std::string("peer lost: ") + e.what() + "; recovering in place (waiting up to " +
       std::to_string(static_cast<int64_t>(cfg_.runtime.rendezvousTimeoutSeconds)) +
       " s for the replacement)");
-  // Leave the broken generation: pending tasks fail fast, the one in flight ends (its peer
-  // is gone or leaving too), and destroying the process groups closes their connections,
-  // which makes every rank still blocked on us notice now instead of at its timeout.
-  stream_->abort();
-  stream_.reset();
-  comm_.reset();
-  releaseAll();  // the failed step may have left units gathered
-  rendezvous_->rejoin(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
-  comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
-  stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
-  restoreFromPeers(false, &result);
+  for (int attempt = 1;; ++attempt) {
+    leaveGeneration();
+    // Throws PeerLost (exit 75) once the deadline has passed, or at once on SIGTERM.
+    rendezvous_->rejoin(std::max(0.0, deadline - nowSeconds()), gTerminateRequested);
+    try {
+      comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
+      stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
+      restoreFromPeers(false, &result);
+      break;
+    } catch (const RecoveryImpossible&) {
+      throw;  // every rank decided so from the same table: a retry would decide the same
+    } catch (const PeerLost& again) {
+      // A connection lost while the groups formed or the state was copied: another rank
+      // failed or left meanwhile (often the replacement). Go round again: every other rank
+      // of this generation fails too once our groups are gone, and all meet in the next.
+      if (gTerminateRequested || nowSeconds() > deadline) throw;
+      log("recovery attempt " + std::to_string(attempt) + " in generation " +
+          std::to_string(rendezvous_->generation()) + " failed: " + again.what() + "; retrying");
+    }
+  }
   result.recoveries++;
   result.recoverySeconds += nowSeconds() - t0;
   result.stepsRolledBack += std::max<int64_t>(0, stepBefore - step_);
   return true;
+}
+
+void Trainer::leaveGeneration() {
+  // Pending tasks fail fast, the one in flight ends (its peer is gone or leaving too), and
+  // destroying the process groups closes their connections, which makes every rank still
+  // blocked on us notice now instead of at its timeout.
+  if (stream_) stream_->abort();
+  stream_.reset();
+  comm_.reset();
+  releaseAll();  // the failed step may have left units gathered
+}
+
+void Trainer::joinRunningJob() {
+  // A replacement: the survivors may lose a connection while it copies its state (another
+  // rank failed or left), then it meets them again in the next generation.
+  const double deadline = nowSeconds() + cfg_.runtime.rendezvousTimeoutSeconds;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      if (attempt > 1) {
+        leaveGeneration();
+        rendezvous_->join(std::max(0.0, deadline - nowSeconds()), gTerminateRequested);
+        comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
+        stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
+      }
+      restoreFromPeers(true, nullptr);
+      return;
+    } catch (const RecoveryImpossible&) {
+      throw;
+    } catch (const PeerLost& e) {
+      if (gTerminateRequested || nowSeconds() > deadline) throw;
+      log("joining in generation " + std::to_string(rendezvous_->generation()) + " failed: " + e.what() +
+          "; retrying");
+    }
+  }
 }
 
 void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
@@ -89,11 +148,14 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   const int W = comm_->world(), N = comm_->shards();
   // What each rank can offer: the outer state after round `cur` (unless a round is
   // half-applied) and the snapshot from the start of the current round.
-  enum Col { kJoiner, kCur, kSnap, kCurStep, kSnapStep, kAdam, kCkpt, kCols };
+  enum Col { kJoiner, kCur, kSnap, kCurStep, kSnapStep, kAdam, kCkpt, kNext, kNextStep, kCols };
   auto mine = torch::full({kCols}, -1.0, torch::kFloat64);
   auto m = mine.accessor<double, 1>();
-  m[kJoiner] = joiner ? 1 : 0;
-  if (!joiner) {
+  // A survivor whose copy failed half way holds nothing it can name: it takes everything
+  // from its sync group like a replacement.
+  const bool holdsNothing = joiner || outerLost_;
+  m[kJoiner] = holdsNothing ? 1 : 0;
+  if (!holdsNothing) {
     // A round whose every unit was synchronized is complete here even if the step failed
     // afterwards (in an all-gather or the backward): its outer state is final.
     const bool roundDone = inRound_ && roundUnitsSynced_ == units_.size();
@@ -101,6 +163,10 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
     if (snap_.valid) m[kSnap] = static_cast<double>(snap_.round);
     m[kCurStep] = static_cast<double>(roundDone ? roundBeginStep_ : roundStep_);
     m[kSnapStep] = static_cast<double>(snap_.step);
+    if (inRound_ && !roundDone) {  // half applied: its sync peers may have completed it
+      m[kNext] = static_cast<double>(syncRounds_ + 1);
+      m[kNextStep] = static_cast<double>(roundBeginStep_);
+    }
     m[kAdam] = static_cast<double>(adam_->stepCount());
     m[kCkpt] = static_cast<double>(lastCheckpointId_);
   }
@@ -111,43 +177,19 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   auto T = table.accessor<double, 2>();
   auto survivor = [&](int r) { return T[r][kJoiner] == 0; };
 
-  // The newest round every survivor holds. Rounds are fenced by a world-wide control
-  // exchange, so survivors are at most one round apart and the older one is always held.
-  int64_t round = -1;
-  bool first = true;
+  // The round to continue from, each shard's source replica, who copies (recovery_plan.h).
+  std::vector<RecoveryOffer> offers(W);
   for (int r = 0; r < W; ++r) {
-    if (!survivor(r)) continue;
-    const auto best = static_cast<int64_t>(std::max(T[r][kCur], T[r][kSnap]));
-    round = first ? best : std::min(round, best);
-    first = false;
+    auto i = [&](Col c) { return static_cast<int64_t>(T[r][c]); };
+    offers[r] = {!survivor(r), i(kCur), i(kSnap), i(kNext), i(kCurStep), i(kSnapStep), i(kNextStep)};
   }
-  auto stepAt = [&](int r) {
-    return static_cast<int64_t>(T[r][kCur] == round ? T[r][kCurStep] : T[r][kSnapStep]);
-  };
-  std::string why;
-  if (first || round < 0) why = "no survivor holds an outer state yet";
-  for (int r = 0; r < W && why.empty(); ++r)
-    if (survivor(r) && T[r][kCur] != round && T[r][kSnap] != round)
-      why = "rank " + std::to_string(r) + " no longer holds sync round " + std::to_string(round);
-  // Source of each shard index: its lowest surviving replica.
-  std::vector<int> source(N, -1);
-  for (int s = 0; s < N && why.empty(); ++s) {
-    for (int rep = 0; rep < comm_->replicas() && source[s] < 0; ++rep)
-      if (survivor(rep * N + s)) source[s] = rep;
-    if (source[s] < 0)
-      why = "every replica's rank with shard " + std::to_string(s) + " was lost";
-  }
-  if (!why.empty()) throw PeerLost("cannot recover in place: " + why + "; restart from a checkpoint");
-
-  // The step this rank resumes at: its replica's (shard groups step in lockstep), taken
-  // from a survivor of the replica, else from the rank it copies its shard from.
+  const RecoveryPlan plan = planRecovery(offers, comm_->replicas(), N);
+  if (!plan.why.empty()) throw RecoveryImpossible("cannot recover in place: " + plan.why + "; restart from a checkpoint");
+  const int64_t round = plan.round;
+  const std::vector<int>& source = plan.source;
   const int me = mesh_.rank, myShard = comm_->shard(), myReplica = comm_->replica();
-  int stepFrom = source[myShard] * N + myShard;
-  if (survivor(me)) stepFrom = me;
-  else
-    for (int s = 0; s < N; ++s)
-      if (survivor(myReplica * N + s)) { stepFrom = myReplica * N + s; break; }
-  const int64_t step = stepAt(stepFrom);
+  const int stepFrom = plan.stepFrom[me];
+  const int64_t step = plan.step[me];
   int64_t lastCkpt = -1;
   int joiners = 0;
   for (int r = 0; r < W; ++r) {
@@ -156,20 +198,29 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   }
 
   // Survivors that got further than `round` go back to their snapshot.
-  if (!joiner && T[me][kCur] != round) {
+  if (plan.fromSnapshot[me]) {
     for (size_t u = 0; u < outer_.size(); ++u) {
       outer_[u].outer.copy_(snap_.outer[u].outer);
       outer_[u].momentum.copy_(snap_.outer[u].momentum);
     }
     detectors_ = snap_.detectors;
+    // Say so at once: should the copy below fail, a retry offers this round.
+    syncRounds_ = static_cast<uint64_t>(round);
+    roundStep_ = step;
+    inRound_ = false;
+    snap_.valid = false;
   }
   if (joiner) initOuter();  // allocates outer_ in the right place; filled below
 
-  // Copy from the source replica over the sync group, if this sync group has a joiner.
+  // Copy from the source replica over the sync group, if this sync group has a joiner (or
+  // a survivor that did not complete `round`).
   bool groupHasJoiner = false;
-  for (int rep = 0; rep < comm_->replicas(); ++rep) groupHasJoiner |= !survivor(rep * N + myShard);
+  for (int rep = 0; rep < comm_->replicas(); ++rep) groupHasJoiner |= plan.receives[rep * N + myShard];
   if (groupHasJoiner) {
     const int root = source[myShard];
+    if (!joiner && plan.receives[me]) outerLost_ = true;  // half written until the copy is done
+    if (dropThisCopy(mesh_.rank))
+      throw PeerLost("EDIT_TEST_DROP_COPY_RANK: connections dropped during the state copy");
     for (size_t u = 0; u < units_.size(); ++u) {
       comm_->broadcast(Group::Sync, outer_[u].outer, root);
       comm_->broadcast(Group::Sync, outer_[u].momentum, root);
@@ -211,6 +262,8 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   lastSyncTime_ = nowSeconds();
   lastCheckpointId_ = lastCkpt;
   controlId_ = std::max<int64_t>(controlId_, lastCkpt);
+  partialTermExchanges_ = 0;  // a new generation: a joiner counts from zero too
+  outerLost_ = false;
 
   // The copies must be bit-identical across the sync group, as after any sync round.
   double fp = 0;
@@ -220,6 +273,9 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   comm_->allreduce(Group::Sync, lo, c10d::ReduceOp::MAX);
   if (hi.item<double>() != -lo.item<double>() || !std::isfinite(fp))
     throw std::runtime_error("in-place recovery: outer weights differ across the sync group after the copy");
+  // Every rank of the generation finished its copy: otherwise a sync group done early
+  // would train on and meet the failure in a second recovery instead of this one's retry.
+  comm_->barrier(Group::World);
 
   log("recovered in place (generation " + std::to_string(rendezvous_->generation()) + ", " +
       std::to_string(joiners) + " rank(s) replaced): continuing from sync round " + std::to_string(round) +

@@ -395,6 +395,29 @@ class Faults(unittest.TestCase):
         self.finish(expect_recovered=[2, 3])
         self.assertEqual(self.restarted_metric(), 0)
 
+    def test_delete_pod(self):
+        """`kubectl delete pod` of one worker: SIGTERM reaches it alone; it leaves (exit 76)
+        once a second control exchange shows the others got none, they wait, and the
+        operator replaces the rank in place (EDIT_JOIN=1). Before, every worker checkpointed
+        and stopped (143) and the gang restarted, charged to backoffLimit."""
+        self.start()
+        self.wait_checkpoint(16)
+        self.wait_step(20)
+        self.clock = RecoveryClock(self.c.tmp, self.ns, self.name)
+        self.killed = [2]
+        self.c.kubectl("delete", "pod", "-n", self.ns, self.pod(2), "--wait=false")
+        self.finish(expect_recovered=[2])
+        self.assertEqual(self.restarted_metric(), 0)
+        log = ""
+        for f in self.c.pod_logs(self.ns, self.pod(2)):  # the deleted pod's and its replacement's
+            with open(f, errors="replace") as fh:
+                log += fh.read()
+        self.assertIn("left the job: SIGTERM reached 1 of 4 workers", log)
+        for rank, ss in self.c.summaries(self.ns, self.name).items():
+            for x in ss:
+                self.assertFalse(x["stopped"], "rank %d stopped: the gang was not meant to stop" % rank)
+                self.assertEqual(x["resumed_from"], -1, "rank %d read a checkpoint" % rank)
+
     def test_kill_operator(self):
         """SIGKILL the operator mid-run, start a new one: it adopts the running gang (no
         pod recreated, no restart) and the job succeeds."""

@@ -349,6 +349,20 @@ TEST(Recovery, HangIsNotDeclaredWhileSurvivorsWaitForAReplacement) {
   EXPECT_TRUE(late.gangRestarted);
   EXPECT_EQ(condReason(late.status, "Restarting"), "Hung");
   EXPECT_FALSE(late.status.contains("recovery"));
+
+  // ... counted from the replacement's start when it started later: its start-up (joining,
+  // copying its state) gets the whole hang timeout, however long its pod took to come.
+  in.pods[1].phase = "Running";
+  in.pods[1].started = log::rfc3339(kNow + 5);
+  Plan starting = planReconcile(in);  // 36 s after its start
+  EXPECT_FALSE(starting.gangRestarted);
+  EXPECT_TRUE(starting.status.contains("recovery"));
+  in.now = kNow + 66;  // 61 s
+  EXPECT_TRUE(planReconcile(in).gangRestarted);
+  // The failed incarnation's start does not count.
+  in.pods[1].uid = "uid-1-0";
+  in.now = kNow + 41;
+  EXPECT_TRUE(planReconcile(in).gangRestarted);
 }
 
 // A hang where one worker fell silent (stopped, frozen) while the others kept sending
@@ -424,4 +438,127 @@ TEST(Recovery, SuspendDropsTheRecord) {
   Plan r = planReconcile(input({}, p.status));
   EXPECT_EQ(r.ranksToCreate, (std::vector<int>{0, 1}));
   EXPECT_TRUE(r.joiningRanks.empty());
+}
+
+// `kubectl delete pod` on one worker of a running gang (the soak's fault, bench/soak.py):
+// SIGTERM reaches that worker alone, it leaves (exit 76) and its peers wait for a
+// replacement. While it still runs nothing happens (were the whole gang stopping, it would
+// exit 143 and the gang restart); its exit 76 is replaced in place, and once the pod is
+// gone the replacement joins (EDIT_JOIN=1).
+TEST(Recovery, PodDeletedBySomeoneElseIsReplacedInPlace) {
+  PlanInput in = input({}, kRunning);
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  in.pods[1].deleting = true;
+  Plan p = planReconcile(in);
+  EXPECT_FALSE(p.status.contains("recovery"));
+  EXPECT_TRUE(p.podsToDelete.empty());
+  EXPECT_TRUE(p.ranksToCreate.empty());
+
+  PlanInput left = input({}, p.status);
+  left.pods = {pod(0, "Running"), pod(1, "Failed", 0, 76)};
+  left.pods[1].deleting = true;
+  Plan l = planReconcile(left);
+  EXPECT_FALSE(l.gangRestarted);
+  EXPECT_TRUE(l.podsToDelete.empty());  // already going
+  EXPECT_EQ(l.recoveredRanks, std::vector<int>{1});
+  EXPECT_EQ(l.status["replicaRecoveries"], 1);
+  EXPECT_EQ(l.status["recovery"]["failedPodUIDs"], json::array({"uid-1-0"}));
+  // Gone: recreated in the same generation, joining, not counted again.
+  PlanInput gone = input({}, l.status);
+  gone.pods = {pod(0, "Running")};
+  Plan g = planReconcile(gone);
+  EXPECT_EQ(g.ranksToCreate, std::vector<int>{1});
+  EXPECT_EQ(g.joiningRanks, std::vector<int>{1});
+  EXPECT_EQ(g.status["restartGeneration"], 0);
+  EXPECT_EQ(g.status["replicaRecoveries"], 1);
+}
+
+// The pod went while the operator was not looking (it was restarting): the rank is missing
+// from a running gang. It is recreated as a replacement that joins, in one recovery.
+TEST(Recovery, RankWhosePodVanishedJoinsAsAReplacement) {
+  PlanInput in = input({}, kRunning);
+  in.pods = {pod(0, "Running")};
+  Plan p = planReconcile(in);
+  EXPECT_FALSE(p.gangRestarted);
+  EXPECT_EQ(p.status["replicaRecoveries"], 1);
+  EXPECT_EQ(p.status["recovery"]["ranks"], json::array({1}));
+  const std::string msg = findCondition(p.status, "Recovering")->value("message", "");
+  EXPECT_NE(msg.find("j-worker-1 is gone"), std::string::npos) << msg;
+  // The next pass (the record stored) creates it, joining.
+  PlanInput next = input({}, p.status);
+  next.pods = {pod(0, "Running")};
+  Plan n = planReconcile(next);
+  EXPECT_EQ(n.ranksToCreate, std::vector<int>{1});
+  EXPECT_EQ(n.joiningRanks, std::vector<int>{1});
+  EXPECT_EQ(n.status["replicaRecoveries"], 1);
+  // Then, the replacement pending, nothing is counted or created again.
+  PlanInput again = input({}, n.status);
+  again.pods = {pod(0, "Running"), pod(1, "Pending")};
+  again.pods[1].uid = "uid-1-0-replacement";
+  Plan a = planReconcile(again);
+  EXPECT_EQ(a.status["replicaRecoveries"], 1);
+  EXPECT_TRUE(a.ranksToCreate.empty());
+}
+
+// Not a recovery: no pod left running (the gang stopped together), the job itself being
+// deleted, a gang that never ran, and policies that cannot replace a rank alone.
+TEST(Recovery, MissingRanksThatAreNotReplacedInPlace) {
+  PlanInput stopped = input({}, kRunning);
+  stopped.pods = {pod(1, "Failed", 0, 143)};
+  Plan a = planReconcile(stopped);
+  EXPECT_TRUE(a.gangRestarted);
+  EXPECT_EQ(a.status.value("replicaRecoveries", 0), 0);
+
+  PlanInput jobGoing = input({}, kRunning);
+  jobGoing.meta.deleting = true;
+  jobGoing.pods = {pod(0, "Running")};
+  EXPECT_FALSE(planReconcile(jobGoing).status.contains("recovery"));
+
+  PlanInput created = input({}, {{"phase", "Created"}});
+  created.pods = {pod(0, "Running")};
+  Plan c = planReconcile(created);
+  EXPECT_FALSE(c.status.contains("recovery"));
+  EXPECT_EQ(c.ranksToCreate, std::vector<int>{1});
+  EXPECT_TRUE(c.joiningRanks.empty());
+
+  for (json extra : {json{{"runPolicy", {{"replicaRecovery", "GangRestart"}}}}, json{{"algorithm", {{"mode", "ddp"}}}}}) {
+    PlanInput in = input(extra, kRunning);
+    in.pods = {pod(0, "Running")};
+    Plan p = planReconcile(in);
+    EXPECT_FALSE(p.status.contains("recovery")) << extra.dump();
+  }
+}
+
+// An eviction (DisruptionTarget) of one pod: its worker leaves (76), the rank is replaced in
+// place and not charged to backoffLimit, also when the pod is already gone.
+TEST(Recovery, EvictedPodIsReplacedInPlaceForFree) {
+  const json spec = {{"runPolicy", {{"backoffLimit", 0}}}};
+  PlanInput seen = input(spec, kRunning);
+  seen.pods = {pod(0, "Running"), pod(1, "Running")};
+  seen.pods[1].deleting = true;
+  seen.pods[1].disruption = "EvictionByEvictionAPI";
+  Plan p1 = planReconcile(seen);
+  EXPECT_EQ(condStatus(p1.status, "Disrupted"), "True");
+  EXPECT_FALSE(p1.status.contains("recovery"));
+
+  PlanInput gone = input(spec, p1.status);
+  gone.pods = {pod(0, "Running")};
+  Plan p2 = planReconcile(gone);
+  EXPECT_FALSE(p2.gangRestarted);
+  EXPECT_EQ(p2.status["phase"], "Running");
+  EXPECT_EQ(p2.status["replicaRecoveries"], 1);
+  EXPECT_EQ(p2.status["disruptions"], 1);
+  EXPECT_EQ(p2.status["recovery"]["ranks"], json::array({1}));
+  EXPECT_EQ(condStatus(p2.status, "Disrupted"), "False");
+}
+
+TEST(Recovery, ObservedPodKnowsWhenItsContainerStarted) {
+  json running = {{"metadata", {{"name", "j-worker-1"}, {"uid", "u1"}, {"labels", {{"edit.io/rank", "1"}}}}},
+                  {"status", {{"phase", "Running"},
+                              {"containerStatuses", {{{"name", "worker"},
+                                                      {"state", {{"running", {{"startedAt", "2027-01-15T08:00:05Z"}}}}}}}}}}};
+  EXPECT_EQ(observePod(running).started, "2027-01-15T08:00:05Z");
+  json waiting = running;
+  waiting["status"]["containerStatuses"][0]["state"] = {{"waiting", {{"reason", "ContainerCreating"}}}};
+  EXPECT_EQ(observePod(waiting).started, "");
 }

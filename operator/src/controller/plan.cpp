@@ -20,6 +20,7 @@ int labelInt(const json& labels, const char* key, int def) {
 }
 
 std::string describeExit(const ObservedPod& p) {
+  if (p.phase != "Failed") return "worker pod " + p.name + (p.uid.empty() ? " is gone" : " is being deleted");
   std::string s = "worker pod " + p.name + " failed";
   if (p.exitCode) s += " with exit code " + std::to_string(*p.exitCode);
   if (!p.reason.empty()) s += " (" + p.reason + ")";
@@ -59,6 +60,9 @@ ObservedPod observePod(const json& pod) {
     if (c.value("type", "") == "DisruptionTarget" && c.value("status", "") == "True")
       o.disruption = c.value("reason", "DisruptionTarget");
   for (const auto& cs : status.value("containerStatuses", json::array())) {
+    const json st = cs.value("state", json::object());
+    if (o.started.empty() && st.contains("running") && st["running"].is_object())
+      o.started = st["running"].value("startedAt", "");
     for (const char* which : {"state", "lastState"}) {
       const json st = cs.value(which, json::object());
       if (st.contains("terminated") && st["terminated"].contains("exitCode")) {
@@ -315,15 +319,15 @@ class Planner {
   int budgetUsed() const { return restarts_ + recoveries_ - disruptions_; }
 
   // Records a disruption of a current pod in the Disrupted condition, so that the failures
-  // it causes later (the other workers checkpoint and exit 143 when one gets SIGTERM) are
-  // still recognized once the evicted pod is gone.
+  // it causes later (its worker leaves with exit 76, or in a synchronous phase every worker
+  // checkpoints and exits 143) are still recognized once the evicted pod is gone.
   void noteDisruptions() {
     if (conditionTrue(st_, "Disrupted")) return;
     for (const auto* p : current()) {
       if (p->disruption.empty()) continue;
       const std::string msg = "pod " + p->name + " is being taken away (" + p->disruption +
-                              "); the restart it causes (workers stopping with exit 143) does not count "
-                              "against runPolicy.backoffLimit";
+                              "); the recovery or restart it causes (workers leaving with exit 76 or stopping "
+                              "with exit 143) does not count against runPolicy.backoffLimit";
       cond("Disrupted", "True", p->disruption, msg);
       event("Warning", "Disrupted", msg);
       return;
@@ -331,14 +335,17 @@ class Planner {
   }
 
   // A failure is the disruption's doing when a failed pod was itself taken away, or when a
-  // disruption was seen and every failed worker stopped with 143: edit-train's workers
-  // checkpoint and stop together when one of them gets SIGTERM (the evicted pod may be
-  // gone by the time its peers exit). A crash of its own (any other code) is charged.
+  // disruption was seen and every failed worker stopped on SIGTERM (143, 76) or vanished:
+  // the evicted pod may be gone by the time the operator looks. A crash of its own (any
+  // other code) is charged.
   bool causedByDisruption(const std::vector<const ObservedPod*>& failed) const {
     bool allStopped = !failed.empty();
     for (const auto* p : failed) {
       if (!p->disruption.empty()) return true;
-      if (p->exitCode != 143) allStopped = false;
+      // 143: the gang stopped together; 76: SIGTERM reached this worker alone and it left;
+      // no exit code and no pod: it vanished (vanished()).
+      const bool stopped = p->exitCode ? *p->exitCode == 143 || *p->exitCode == 76 : p->phase.empty();
+      if (!stopped) allStopped = false;
     }
     return allStopped && conditionTrue(st_, "Disrupted");
   }
@@ -370,6 +377,7 @@ class Planner {
       fail("PermanentError", describeExit(*permanent) + ": a permanent error (invalid config or data, or command not runnable); not retried", true);
       return true;
     }
+    for (const auto* p : vanished()) failed.push_back(p);
     std::string reason, msg;
     bool disrupted = false;
     if (!failed.empty()) {
@@ -419,6 +427,41 @@ class Planner {
     }
     restart(reason, msg);
     return true;
+  }
+
+  // Ranks of the running gang whose pod vanished without the operator seeing it fail: a pod
+  // someone else deleted (kubectl delete pod, an eviction, a node drain) goes as soon as its
+  // worker exits, often before a reconcile sees it Failed. Every pod the operator deletes
+  // itself is in status.recovery or of an old generation. SIGTERM reached only those
+  // workers, which left (edit-train exit 76) while the others wait for replacements, so
+  // the ranks are replaced in place like failed pods; recreated as fresh ranks they could
+  // not join a gang that formed without them. (A deleted pod seen Failed takes the failed
+  // path with its exit code: 76 in place, 143 when the gang stopped together.) Not when no
+  // pod stays running, the job is being deleted, or the policy restarts the gang anyway.
+  std::vector<const ObservedPod*> vanished() {
+    std::vector<const ObservedPod*> out;
+    if (phase_ != "Running" || in_.meta.deleting || !gangRestartReason(*spec_, phase_, {}, nullptr).empty())
+      return out;
+    std::set<int> present;
+    bool someStay = false;
+    for (const auto* p : current()) {
+      present.insert(p->rank);
+      someStay |= !p->deleting && p->phase == "Running";
+    }
+    if (!someStay) return out;
+    vanished_.clear();
+    vanished_.reserve(spec_->worldSize());
+    for (int r = 0; r < spec_->worldSize(); ++r) {
+      if (present.count(r) || (recovery_ && recovery_->covers(r))) continue;
+      ObservedPod gone;
+      gone.name = podName(in_.meta.name, r);
+      gone.rank = r;
+      gone.generation = restartGen_;
+      gone.deleting = true;  // nothing left to delete
+      vanished_.push_back(gone);
+    }
+    for (const auto& p : vanished_) out.push_back(&p);
+    return out;
   }
 
   // A hang where some workers fell silent (no report, not even a heartbeat, for half the
@@ -531,10 +574,18 @@ class Planner {
     if (conditionTrue(st_, "Disrupted")) cond("Disrupted", "False", reason, msg);
   }
 
+  // The survivors make no progress until the replacements joined, took their state and
+  // trained a step; a replacement's start-up (process, rendezvous, state copy) counts from
+  // when its container started, not from the failure (deleting the failed pod and
+  // scheduling the new one come first, and on a busy node take a while).
   bool recoveryYoungerThanHangTimeout() const {
     if (!recovery_ || spec_->hangTimeoutSeconds <= 0) return false;
-    const std::time_t started = log::parseRfc3339(recovery_->startTime);
-    return started && in_.now - started < spec_->hangTimeoutSeconds;
+    std::time_t started = log::parseRfc3339(recovery_->startTime);
+    if (!started) return false;
+    for (const auto* p : current())
+      if (recovery_->covers(p->rank) && !recovery_->replaces(*p) && !p->started.empty())
+        started = std::max(started, log::parseRfc3339(p->started));
+    return in_.now - started < spec_->hangTimeoutSeconds;
   }
 
   // Ends a recovery record (done, or superseded by a gang restart, a failure, a suspend).
@@ -694,6 +745,7 @@ class Planner {
   int recoveries_ = 0;                      // status.replicaRecoveries
   int disruptions_ = 0;                     // status.disruptions: of those, caused by a disruption
   std::optional<RecoveryRecord> recovery_;  // status.recovery: ranks being replaced in place
+  std::vector<ObservedPod> vanished_;       // current ranks without a pod (vanished())
 };
 
 }  // namespace

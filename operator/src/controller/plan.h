@@ -31,6 +31,7 @@ struct ObservedPod {
   // DisruptionTarget condition (eviction, node drain, preemption, taint) or a kubelet
   // eviction (status.reason Evicted). Such a failure does not spend backoffLimit.
   std::string disruption;    // e.g. "EvictionByEvictionAPI"; "" when none
+  std::string started;       // RFC 3339: when its (first) container last started running; "" if not running
 };
 
 ObservedPod observePod(const json& pod);

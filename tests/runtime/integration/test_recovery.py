@@ -10,10 +10,13 @@ recovery cannot work (the synchronous warmup has no outer state; runtime.recover
 no replacement comes) the run fails so a launcher restarts the gang from a checkpoint.
 """
 import glob
+import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -31,22 +34,22 @@ class Recovery(unittest.TestCase):
     tearDown = base.EditRun.tearDown
     base_sets = base.EditRun.base_sets  # the tiny model and schedule of the mode tests
 
-    def launch(self, tag, shards, sets, args=()):
+    def launch(self, tag, shards, sets, args=(), env=None):
         logs = os.path.join(self.d, "logs-" + tag)
         sets = self.base_sets() + [f"checkpoint.dir={self.d}/ck-{tag}", "checkpoint.keep=100",
                                    "runtime.collectiveTimeoutSeconds=60",
                                    "runtime.rendezvousTimeoutSeconds=120"] + sets
         p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", str(shards), "--log-dir", logs] + list(args)
                            + sum((["--set", s] for s in sets), []),
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, **(env or {})))
         return p, logs
 
-    def recover(self, mode, shards, kill_rank, extra=(), kill_at=KILL_AT):
+    def recover(self, mode, shards, kill_rank, extra=(), kill_at=KILL_AT, env=None):
         extra = [f"algorithm.mode={mode}"] + list(extra)
         base, _ = self.launch("undisturbed", shards, extra)
         self.assertEqual(base.returncode, 0, base.stdout[-2000:] + base.stderr[-2000:])
         p, logs = self.launch("killed", shards, extra + [f"debug.killAtStep.rank={kill_rank}",
-                                                         f"debug.killAtStep.step={kill_at}"])
+                                                         f"debug.killAtStep.step={kill_at}"], env=env)
         out = p.stdout[-3000:] + p.stderr[-3000:]
         self.assertEqual(p.returncode, 0, out)
         self.assertIn(f"worker {kill_rank} exited with code 137; starting a replacement", p.stderr)
@@ -115,6 +118,19 @@ class Recovery(unittest.TestCase):
         with open(os.path.join(self.logs, "rank-1.log")) as f:
             self.assertIn("recovered in place (generation 1", f.read())
 
+    def test_connection_lost_during_the_state_copy_is_retried(self):
+        # Issue 19's race: a survivor loses a connection while the replacement arrives and
+        # copies its state. Here rank 1, the source of shard 1's outer state for rank 3's
+        # replacement, drops its groups in the middle of its first copy (a test hook), as
+        # when another rank fails or leaves at that moment. Every rank of that generation
+        # goes round again and meets in the next one, instead of exiting 75.
+        self.recover("edit", 2, 3, env={"EDIT_TEST_DROP_COPY_RANK": "1"})
+        logs = {r: read_file(os.path.join(self.logs, f"rank-{r}.log")) for r in range(4)}
+        self.assertIn("recovery attempt 1 in generation 1 failed", logs[1])
+        self.assertIn("joining in generation 1 failed", logs[3])
+        for r in range(4):
+            self.assertIn("recovered in place (generation 2", logs[r], f"rank {r}")
+
     def expect_gang_restart(self, sets, why, code=75, args=()):
         p, logs = self.launch("fails", 2, ["algorithm.mode=edit"] + sets, args)
         self.assertEqual(p.returncode, code, p.stdout[-2000:] + p.stderr[-2000:])
@@ -136,6 +152,89 @@ class Recovery(unittest.TestCase):
     def test_recovery_exit_policy(self):
         self.expect_gang_restart(["runtime.recovery=exit", "debug.killAtStep.rank=2",
                                   f"debug.killAtStep.step={KILL_AT}"], "runtime.recovery=exit")
+
+    # ---- SIGTERM on one worker (its pod deleted or evicted), not the gang ------------------
+    def sigterm_one(self, rank, at_step, sets):
+        """Starts edit-run, sends SIGTERM to worker `rank` alone once it logged `at_step`,
+        returns (edit-run's exit code, stderr, logs dir)."""
+        logs = os.path.join(self.d, "logs-term")
+        sets = self.base_sets() + [f"checkpoint.dir={self.d}/ck-term", "checkpoint.keep=100",
+                                   "training.logEvery=1", "runtime.collectiveTimeoutSeconds=60",
+                                   "runtime.rendezvousTimeoutSeconds=120"] + sets
+        p = subprocess.Popen([EDIT_RUN, "--nproc", "4", "--shards", "2", "--log-dir", logs, "--quiet"]
+                             + sum((["--set", x] for x in sets), []),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            pid = None
+            while pid is None:
+                self.assertLess(time.monotonic(), deadline, "worker never reached step %d" % at_step)
+                self.assertIsNone(p.poll(), "edit-run ended early")
+                time.sleep(0.05)
+                try:
+                    with open(os.path.join(logs, f"rank-{rank}.log")) as f:
+                        rows = [json.loads(l[6:]) for l in f if l.startswith("@edit ")]
+                except (OSError, ValueError):
+                    continue
+                if rows and rows[-1]["step"] >= at_step:
+                    pid = worker_pid(p.pid, rank)
+            os.kill(pid, signal.SIGTERM)
+            out, err = p.communicate(timeout=300)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        return p.returncode, err, logs
+
+    def test_sigterm_one_worker_leaves_and_is_replaced_in_place(self):
+        # Only rank 1 gets SIGTERM in a local phase: it leaves at the second control exchange
+        # after the signal (exit 76: had the whole gang been signalled, every rank would
+        # have seen it by then and stopped together), edit-run replaces it, and the others
+        # recover in place: no checkpoint read, no worker stopped, exit 0.
+        code, err, logs = self.sigterm_one(1, 14, ["algorithm.mode=edit", "training.steps=64"])
+        self.assertEqual(code, 0, err[-3000:])
+        self.assertIn("worker 1 exited with code 76; starting a replacement", err)
+        with open(os.path.join(logs, "rank-1.log")) as f:
+            self.assertIn("left the job: SIGTERM reached 1 of 4 workers", f.read())
+        s = summaries(logs)
+        self.assertEqual(sorted(s), [0, 1, 2, 3])
+        self.assertTrue(s[1]["joined"], s[1])
+        for r in range(4):
+            self.assertFalse(s[r]["stopped"], s[r])
+            self.assertEqual(s[r]["resumed_from"], -1, f"rank {r} read a checkpoint")
+            self.assertEqual(s[r]["steps"], 64, s[r])
+            if r != 1:
+                self.assertEqual(s[r]["recoveries"], 1, s[r])
+                self.assertLessEqual(s[r]["steps_rolled_back"], SYNC + 1, s[r])
+
+    def test_sigterm_one_worker_in_warmup_stops_the_gang(self):
+        # In the synchronous warm-up there is no outer state to recover from: one worker's
+        # SIGTERM stops every worker after a checkpoint, as before (exit 143).
+        code, err, logs = self.sigterm_one(2, 3, ["algorithm.mode=edit", "algorithm.warmupSteps=40",
+                                                  "training.steps=48"])
+        self.assertEqual(code, 143, err[-3000:])
+        s = summaries(logs)
+        self.assertTrue(all(x["stopped"] for x in s.values()), s)
+        self.assertTrue(glob.glob(os.path.join(self.d, "ck-term", "step-*", "MANIFEST")), "no checkpoint")
+
+
+def read_file(path, mode="r"):
+    with open(path, mode) as f:
+        return f.read()
+
+
+def worker_pid(launcher, rank):
+    """The pid of edit-run's child with RANK=rank (edit-train re-executes itself in place)."""
+    read = read_file
+    for child in os.listdir("/proc"):
+        try:
+            if not child.isdigit() or int(read(f"/proc/{child}/stat").rsplit(")", 1)[1].split()[1]) != launcher:
+                continue
+            env = read(f"/proc/{child}/environ", "rb").split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if f"RANK={rank}".encode() in env:
+            return int(child)
+    raise AssertionError(f"no worker with RANK={rank} under pid {launcher}")
 
 
 if __name__ == "__main__":

@@ -21,14 +21,18 @@ EwmaDetector::Verdict EwmaDetector::observe(double g, const PenaltyConfig& cfg) 
   if (count > 0 && sigma > 0) v.z = (g - mean) / sigma;
   // One-sided: small norms are never anomalies.
   v.anomaly = cfg.anomaly && count >= cfg.anomalyWarmup && sigma > 0 && v.z > cfg.zThreshold;
+  // Every finite norm updates the statistics, an anomaly clamped to mean + z sigma: a
+  // lasting shift moves them until it is normal (no lock-out), a spike moves them no
+  // more than a borderline norm would (docs/design-decisions.md).
+  const double x = v.anomaly ? mean + cfg.zThreshold * sigma : g;
   if (count == 0) {
-    mean = g;
+    mean = x;
     var = 0;
   } else {
     const double a = cfg.emaAlpha;
-    const double d = g - mean;
+    const double d = x - mean;
     mean += a * d;
-    var = (1 - a) * (var + a * d * (g - mean));
+    var = (1 - a) * (var + a * d * (x - mean));
   }
   ++count;
   return v;

@@ -21,8 +21,9 @@ struct EwmaDetector {
     double z = 0;  // from the statistics before this observation
   };
   // Tests g against the statistics so far (once count >= anomalyWarmup; the variance
-  // bias-corrected for its zero start), then updates them with g whatever the verdict, so
-  // a lasting shift of the norms becomes the new normal instead of being flagged forever
+  // bias-corrected for its zero start), then updates them whatever the verdict, with an
+  // anomaly clamped to mean + zThreshold sigma: a lasting shift of the norms becomes the new
+  // normal instead of being flagged forever, and a spike barely moves them
   // (docs/design-decisions.md). Non-finite g is always an anomaly and leaves the
   // statistics alone. The first value sets the mean.
   Verdict observe(double g, const PenaltyConfig& cfg);

@@ -65,14 +65,17 @@ inline Round round(const std::vector<std::vector<double>>& D, std::vector<Stats>
     }
     // z-score against the statistics before this round, once armed; one-sided.
     const double sd = s.n >= 2 ? std::sqrt(s.var / (1 - s.decay)) : 0.0;
-    if (p.anomaly && s.n >= p.warmup && sd > 0 && (g - s.mean) > p.z * sd) r.flagged[m] = true;
-    // The statistics take every finite norm, flagged or not (no lock-out).
+    const double limit = s.mean + p.z * sd;
+    if (p.anomaly && s.n >= p.warmup && sd > 0 && g > limit) r.flagged[m] = true;
+    // The statistics take every finite norm, a flagged one as the limit it crossed (no
+    // lock-out, and a spike moves them no more than a borderline norm).
+    const double x = r.flagged[m] ? limit : g;
     if (s.n == 0) {
-      s.mean = g;
+      s.mean = x;
       s.var = 0;
     } else {
-      const double dev = g - s.mean;
-      s.mean = (1 - p.alpha) * s.mean + p.alpha * g;
+      const double dev = x - s.mean;
+      s.mean = (1 - p.alpha) * s.mean + p.alpha * x;
       s.var = (1 - p.alpha) * s.var + p.alpha * (1 - p.alpha) * (1 - p.alpha) * dev * dev;
       s.decay *= 1 - p.alpha;
     }

@@ -30,6 +30,8 @@ const std::vector<std::string> kPresets = {"tiny",     "small",    "llama-350m",
 const std::vector<std::string> kModes = {"edit", "a-edit", "diloco", "localsgd", "ddp"};
 const std::vector<std::string> kBackends = {"auto", "gloo", "nccl"};
 const std::vector<std::string> kRecoveryModes = {"inPlace", "exit"};
+const std::vector<std::string> kWeightings = {"raw", "median"};
+const std::vector<std::string> kCorruptKinds = {"noise", "pseudoGradient"};
 
 enum class Kind { I64, I32, U64, F64, Bool, Str };
 
@@ -43,6 +45,7 @@ struct Rule {
   bool nonEmpty = false;
   bool secret = false;  // never echo the value in an error
   std::vector<std::string> choices;
+  std::string text;     // the allowed values in words, when the range alone says it wrong
 };
 
 Rule ints(int64_t lo, int64_t hi = kI64Max) { return Rule{lo, hi}; }
@@ -101,6 +104,7 @@ struct Field {
   Rule rule;
 
   std::string describe() const {
+    if (!rule.text.empty()) return rule.text;
     auto bound = [](double v) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%g", v);
@@ -265,7 +269,9 @@ std::vector<Field> fieldsOf(Config& c) {
   I("algorithm.maxStepsPerSync", a.maxStepsPerSync, ints(0, 1 << 30));
   I("algorithm.warmupSteps", a.warmupSteps, ints(0));
   D("algorithm.outer.lr", a.outer.lr, nums(0, 100, true, false));
-  D("algorithm.outer.momentum", a.outer.momentum, nums(0, 1, false, true));
+  Rule momentum = nums(-1, 1, false, true);  // and not in (-1, 0): validate()
+  momentum.text = "-1 (the mode's default) or a number in [0, 1)";
+  D("algorithm.outer.momentum", a.outer.momentum, momentum);
   B("algorithm.outer.nesterov", a.outer.nesterov);
   auto& p = a.penalty;
   B("algorithm.penalty.anomaly", p.anomaly);
@@ -274,9 +280,11 @@ std::vector<Field> fieldsOf(Config& c) {
   I("algorithm.penalty.anomalyWarmup", p.anomalyWarmup, ints(0));
   B("algorithm.penalty.weighted", p.weighted);
   D("algorithm.penalty.temperature", p.temperature, positive());
+  S("algorithm.penalty.weighting", p.weighting, oneOf(kWeightings));
   B("algorithm.penalty.clip", p.clip);
   D("algorithm.penalty.clipNorm", p.clipNorm, positive());
   D("algorithm.penalty.stepShare", p.stepShare, nums(0, 1, false, false));
+  I("algorithm.penalty.maxSkippedRounds", p.maxSkippedRounds, ints(0));
   B("algorithm.prefetch", a.prefetch);
   B("algorithm.offloadOuterState", a.offloadOuterState);
   auto& k = c.checkpoint;
@@ -299,8 +307,11 @@ std::vector<Field> fieldsOf(Config& c) {
   auto& cr = c.debug.corruptReplica;
   N("debug.corruptReplica.replica", cr.replica, ints(-1, 1 << 20));
   I("debug.corruptReplica.atSync", cr.atSync, ints(1));
+  S("debug.corruptReplica.kind", cr.kind, oneOf(kCorruptKinds));
   D("debug.corruptReplica.scale", cr.scale, nums(0, 1e6, false, false));
   B("debug.corruptReplica.nan", cr.nan);
+  I("debug.corruptReplica.rounds", cr.rounds, ints(1, 1 << 30));
+  I("debug.corruptReplica.every", cr.every, ints(1, 1 << 30));
   N("debug.killAtStep.rank", c.debug.killAtStep.rank, ints(-1, 1 << 20));
   I("debug.killAtStep.step", c.debug.killAtStep.step, ints(0));
   N("runtime.threads", c.runtime.threads, ints(0, 4096));
@@ -562,6 +573,9 @@ void validate(const Config& cfg) {
   if (a.mode == "a-edit" && !(a.syncSeconds > 0))
     throw ConfigError("algorithm.syncSeconds: must be > 0 when algorithm.mode is a-edit (got " +
                       fmtDouble(a.syncSeconds) + ")");
+  if (a.outer.momentum < 0 && a.outer.momentum != -1)
+    throw ConfigError("algorithm.outer.momentum: must be -1 (the mode's default) or a number in [0, 1) (got " +
+                      fmtDouble(a.outer.momentum) + "); -1 gives edit and a-edit 0.8, diloco 0.9");
   if (a.maxStepsPerSync != 0 && a.maxStepsPerSync < a.minStepsPerSync)
     throw ConfigError("algorithm.maxStepsPerSync: must be 0 or >= algorithm.minStepsPerSync (" +
                       std::to_string(a.minStepsPerSync) + ")");

@@ -56,17 +56,25 @@ struct PenaltyConfig {
   bool anomaly = true;        // EWMA z-score anomaly elimination
   double emaAlpha = 0.02;
   double zThreshold = 3.0;
-  int64_t anomalyWarmup = 120;  // EWMA updates before the z-test is trusted
+  int64_t anomalyWarmup = 120;  // EWMA updates before the z-test is trusted (the paper's)
   bool weighted = true;       // softmax(-g/T) weights over replicas
   double temperature = 1.0;
+  // What g is divided by in the softmax: "raw" (T alone, the paper) or "median" (T times
+  // the median norm of the round: weights independent of the unit's size). docs/algorithm.md.
+  std::string weighting = "raw";
   bool clip = true;           // clip the averaged pseudo-gradient
   double clipNorm = 10.0;
   double stepShare = 0.5;     // A-EDiT: blend of the replicas' share of steps into the weights
+  // A unit whose outer step was skipped (every replica anomalous) this many sync rounds in
+  // a row fails the job: training has stalled (0: never fail).
+  int64_t maxSkippedRounds = 3;
 };
 
 struct OuterOptimizerConfig {
   double lr = 0.7;
-  double momentum = 0.8;
+  // -1: the mode's published default, 0.8 for edit and a-edit (ATorch's example), 0.9 for
+  // diloco (the DiLoCo paper). An explicit value applies to every mode but localsgd.
+  double momentum = -1;
   bool nesterov = true;
 };
 
@@ -120,8 +128,13 @@ struct StepDelay {
 struct CorruptReplica {
   int replica = -1;           // replica whose weights get noise (-1: none)
   int64_t atSync = 1;         // before this sync round (1-based)
-  double scale = 10.0;        // noise standard deviation, relative to the weights' RMS
-  bool nan = false;           // write a NaN instead of noise
+  // noise: add noise of standard deviation scale x the weights' RMS; pseudoGradient:
+  // multiply the replica's pseudo-gradient by scale (theta := outer - scale (outer - theta)).
+  std::string kind = "noise";
+  double scale = 10.0;
+  bool nan = false;           // write a NaN instead
+  int64_t rounds = 1;         // corrupt this many sync rounds, atSync, atSync + every, ...
+  int64_t every = 1;
 };
 
 struct KillAtStep {

@@ -410,9 +410,11 @@ int main(int argc, char** argv) {
         if (w.pid != pid) continue;
         w.exited = true;
         w.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        // A crashed or killed worker (not exit 2: bad input; not 75: its peers could not
-        // recover; not 143: stopped) is replaced while the others wait for it.
-        const bool replaceable = w.code != 0 && w.code != 2 && w.code != 75 && w.code != 143 && w.code != 127;
+        // A crashed or killed worker (not exit 2: bad input; not 3: training stalled, which
+        // a replacement would replay; not 75: its peers could not recover; not 143:
+        // stopped) is replaced while the others wait for it.
+        const bool replaceable = w.code != 0 && w.code != 2 && w.code != 3 && w.code != 75 && w.code != 143 &&
+                                 w.code != 127;
         if (replaceable && !stopping && recoveries < o.maxRecoveries) {
           ++recoveries;
           std::cerr << "edit-run: worker " << w.rank << " exited with code " << w.code

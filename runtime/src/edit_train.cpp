@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -44,6 +45,18 @@ void onTerminate(int) { gTerminateRequested = true; }
 std::string envOr(const char* k, const std::string& d) {
   const char* v = std::getenv(k);
   return v && *v ? v : d;
+}
+
+// Why this worker failed, where Kubernetes shows it: the container's termination message
+// (pod status, read by the operator into its condition). Written only when the file exists,
+// as the kubelet mounts it; elsewhere stderr has the same text.
+void terminationMessage(const std::string& text) {
+  const std::string path = envOr("EDIT_TERMINATION_LOG", "/dev/termination-log");
+  if (::access(path.c_str(), W_OK) != 0) return;
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fwrite(text.data(), 1, std::min<size_t>(text.size(), 4000), f);  // the kubelet keeps 4 KiB
+    std::fclose(f);
+  }
 }
 
 void usage() {
@@ -91,6 +104,7 @@ int main(int argc, char** argv) {
     mesh.timeoutSeconds = cfg.runtime.collectiveTimeoutSeconds;
   } catch (const std::exception& e) {
     std::cerr << "edit-train: invalid configuration: " << e.what() << "\n";
+    terminationMessage(std::string("invalid configuration: ") + e.what());
     return kExitInvalidInput;
   }
   std::signal(SIGTERM, onTerminate);
@@ -161,6 +175,7 @@ int main(int argc, char** argv) {
                 {"total", r.totalSteps}, {"loss", r.loss}, {"lr", r.lr}, {"tokens", r.tokens},
                 {"tps", (r.tokens - lastTokens) / std::max(1e-9, now - lastT)},
                 {"sync_rounds", r.syncRounds}, {"anomalies", r.anomalies},
+                {"outer_skips", r.outerSkips}, {"skip_streak", r.skipStreak},
                 {"pgnorm", r.pseudoGradNorm}, {"phase", r.phase},
                 {"comm_wait", r.commWaitSeconds}, {"step_seconds", r.stepSeconds}};
       std::cout << "@edit " << j.dump() << std::endl;
@@ -189,7 +204,7 @@ int main(int argc, char** argv) {
               {"train_tps", res.tokensThisRun / std::max(1e-9, res.trainSeconds)},
               {"flops_per_token", flopsPerToken(shapeOf(cfg.model), cfg.data.seqLen)},
               {"sync_rounds", res.syncRounds}, {"anomalies", res.anomalies},
-              {"comm_wait", wait}, {"resumed_from", res.resumedFrom},
+              {"outer_skips", res.outerSkips}, {"comm_wait", wait}, {"resumed_from", res.resumedFrom},
               {"stopped", res.stopped}, {"joined", res.joined}, {"recoveries", res.recoveries},
               {"recovery_seconds", res.recoverySeconds}, {"steps_rolled_back", res.stepsRolledBack},
               {"comm", comm}, {"peak_rss_bytes", peakRssBytes()},
@@ -215,11 +230,17 @@ int main(int argc, char** argv) {
 #endif
     std::cout << "@edit-summary " << s.dump() << std::endl;
     return res.stopped ? kExitTerminated : kExitOk;
+  } catch (const TrainingStalled& e) {
+    std::cerr << tag << e.what() << "\n";
+    terminationMessage(e.what());
+    return kExitStalled;
   } catch (const ConfigError& e) {
     std::cerr << tag << "invalid configuration: " << e.what() << "\n";
+    terminationMessage(std::string("invalid configuration: ") + e.what());
     return kExitInvalidInput;
   } catch (const data::DataError& e) {
     std::cerr << tag << "invalid data: " << e.what() << "\n";
+    terminationMessage(std::string("invalid data: ") + e.what());
     return kExitInvalidInput;
   } catch (const LeftAlone& e) {
     std::cerr << tag << "left the job: " << e.what() << "\n";
@@ -233,6 +254,7 @@ int main(int argc, char** argv) {
     return kExitPeerLost;
   } catch (const std::exception& e) {
     std::cerr << tag << "error: " << e.what() << "\n";
+    terminationMessage(std::string("error: ") + e.what());
     return kExitFailure;
   }
 }

@@ -39,11 +39,11 @@ void ShardedAdamW::step(std::vector<FlatUnit>& units, double lr) {
   }
 }
 
-double learningRate(const TrainingConfig& cfg, int64_t t, int64_t totalSteps) {
+double learningRate(const TrainingConfig& cfg, double t, int64_t totalSteps) {
   if (cfg.lrWarmupSteps > 0 && t < cfg.lrWarmupSteps)
-    return cfg.lr * static_cast<double>(t + 1) / static_cast<double>(cfg.lrWarmupSteps);
-  const double span = std::max<int64_t>(1, totalSteps - cfg.lrWarmupSteps);
-  const double progress = std::min(1.0, static_cast<double>(t - cfg.lrWarmupSteps) / span);
+    return cfg.lr * std::min(1.0, (t + 1) / static_cast<double>(cfg.lrWarmupSteps));
+  const double span = static_cast<double>(std::max<int64_t>(1, totalSteps - cfg.lrWarmupSteps));
+  const double progress = std::min(1.0, (t - static_cast<double>(cfg.lrWarmupSteps)) / span);
   return cfg.minLr + 0.5 * (cfg.lr - cfg.minLr) * (1 + std::cos(M_PI * progress));
 }
 

@@ -27,6 +27,7 @@ class ShardedAdamW {
 };
 
 // Learning rate at step t: linear warm-up to cfg.lr, then cosine decay to cfg.minLr.
-double learningRate(const TrainingConfig& cfg, int64_t t, int64_t totalSteps);
+// t may be fractional (A-EDiT: the job's progress in steps per replica).
+double learningRate(const TrainingConfig& cfg, double t, int64_t totalSteps);
 
 }  // namespace edit

@@ -9,7 +9,8 @@ SyncSettings syncSettingsFor(const AlgorithmConfig& a) {
   SyncSettings s;
   s.penalty = a.penalty;
   s.lr = a.outer.lr;
-  s.momentum = a.outer.momentum;
+  // An explicit momentum wins; -1 takes the mode's published one (docs/algorithm.md).
+  s.momentum = a.outer.momentum >= 0 ? a.outer.momentum : a.mode == "diloco" ? 0.9 : 0.8;
   s.nesterov = a.outer.nesterov;
   s.stepShare = a.mode == "a-edit" && a.penalty.stepShare > 0;
   if (a.mode == "diloco" || a.mode == "localsgd") {
@@ -17,6 +18,7 @@ SyncSettings syncSettingsFor(const AlgorithmConfig& a) {
     s.penalty.anomaly = false;
     s.penalty.weighted = false;
     s.penalty.clip = false;
+    s.stepShare = false;
   }
   if (a.mode == "localsgd") {
     // Post-local SGD: theta := average(theta), i.e. an outer SGD step with lr 1.
@@ -41,10 +43,10 @@ void outerStep(torch::Tensor& outer, torch::Tensor& momentum, torch::Tensor& gra
   }
 }
 
-static double completeNorm(Comm& comm, const torch::Tensor& local) {
+static double completeNorm(Comm& comm, double localSq) {
   // Squared norm of the local slice, summed over the shard group. A NaN/Inf anywhere
   // makes the sum non-finite on every rank of the group, so all agree it is an anomaly.
-  auto sq = torch::full({1}, local.dot(local).item<double>(), torch::kFloat64);
+  auto sq = torch::full({1}, localSq, torch::kFloat64);
   comm.allreduce(Group::Shard, sq);
   return std::sqrt(sq.item<double>());
 }
@@ -55,56 +57,72 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& 
   const bool offloaded = o.outer.device() != unit.slice.device();
   auto outer = offloaded ? o.outer.to(unit.slice.device(), true) : o.outer;
   auto momentum = offloaded ? o.momentum.to(unit.slice.device(), true) : o.momentum;
+  const int M = comm.size(Group::Sync);
   // 1. pseudo-gradient, written into the gradient slice: the gradient is dead between
   // the inner step and the next backward, and this saves a [chunk] buffer per unit.
   auto D = torch::sub_out(unit.gradSlice, outer, unit.slice);
-  r.norm = completeNorm(comm, D);     // 2. norm of the replica's whole unit
 
-  // 3. anomaly elimination (non-finite is always an anomaly, even with the test off).
-  if (!std::isfinite(r.norm)) {
-    r.anomaly = true;
-  } else if (s.penalty.anomaly) {
-    r.anomaly = detector.observe(r.norm, s.penalty).anomaly;
-  }
-  if (r.anomaly) D.zero_();
+  if (!s.penaltyOn()) {
+    // Baselines: Dbar = mean_m D_m, one all-reduce and nothing else.
+    comm.allreduce(Group::Sync, D);
+    if (M > 1) D.div_(M);
+    r.weight = 1.0 / M;
+    r.sliceSq = D.dot(D).item<double>();
+  } else {
+    r.norm = completeNorm(comm, D.dot(D).item<double>());  // 2. norm of the replica's whole unit
 
-  // 4. weights over the sync group from everyone's (norm, steps).
-  const int M = comm.size(Group::Sync);
-  auto mine = torch::tensor({r.anomaly ? std::numeric_limits<double>::infinity() : r.norm,
-                             stepsSinceSync},
-                            torch::kFloat64);
-  std::vector<double> norms{mine[0].item<double>()}, steps{stepsSinceSync};
-  if (M > 1) {
-    auto all = torch::empty({M, 2}, torch::kFloat64);
-    std::vector<torch::Tensor> outs;
-    for (int m = 0; m < M; ++m) outs.push_back(all[m]);
-    comm.allgather(Group::Sync, mine, outs);
-    auto acc = all.accessor<double, 2>();
-    norms.assign(M, 0);
-    steps.assign(M, 0);
-    for (int m = 0; m < M; ++m) {
-      norms[m] = acc[m][0];
-      steps[m] = acc[m][1];
+    // 3. anomaly elimination (non-finite is always an anomaly, even with the test off).
+    r.anomaly = !std::isfinite(r.norm);
+    if (!r.anomaly && s.penalty.anomaly) r.anomaly = detector.observe(r.norm, s.penalty).anomaly;
+    if (s.penalty.anomaly && comm.size(Group::Shard) > 1) {
+      // One verdict per replica, by construction: its shards see the same norm and should
+      // hold the same statistics, but if they ever differed, one unit would get different
+      // weights on different slices, and sync groups that disagreed on "all anomalous"
+      // would run different collectives.
+      auto flag = torch::full({1}, r.anomaly ? 1.0 : 0.0, torch::kFloat64);
+      comm.allreduce(Group::Shard, flag, c10d::ReduceOp::MAX);
+      r.anomaly = flag.item<double>() > 0;
     }
-  }
-  auto w = replicaWeights(norms, steps, s.penalty, s.penalty.weighted, s.stepShare);
-  r.weight = w[comm.rankIn(Group::Sync)];
-  double wsum = 0;
-  for (double x : w) wsum += x;
-  if (wsum == 0) {
-    // Every replica anomalous: skip the outer step and drop the local progress.
-    r.skipped = true;
-    unit.slice.copy_(outer);
-    return r;
-  }
-  D.mul_(r.weight);
-  comm.allreduce(Group::Sync, D);  // Dbar = sum_m w_m D_m (weights already sum to 1)
+    if (r.anomaly) D.zero_();
 
-  // 5. clipping of the averaged pseudo-gradient.
-  r.averagedNorm = completeNorm(comm, D);
-  if (s.penalty.clip) {
-    r.clipFactor = clipScale(r.averagedNorm, s.penalty.clipNorm);
-    if (r.clipFactor < 1) D.mul_(r.clipFactor);
+    // 4. weights over the sync group from everyone's (norm, steps).
+    auto mine = torch::tensor({r.anomaly ? std::numeric_limits<double>::infinity() : r.norm,
+                               stepsSinceSync},
+                              torch::kFloat64);
+    std::vector<double> norms{mine[0].item<double>()}, steps{stepsSinceSync};
+    if (M > 1) {
+      auto all = torch::empty({M, 2}, torch::kFloat64);
+      std::vector<torch::Tensor> outs;
+      for (int m = 0; m < M; ++m) outs.push_back(all[m]);
+      comm.allgather(Group::Sync, mine, outs);
+      auto acc = all.accessor<double, 2>();
+      norms.assign(M, 0);
+      steps.assign(M, 0);
+      for (int m = 0; m < M; ++m) {
+        norms[m] = acc[m][0];
+        steps[m] = acc[m][1];
+      }
+    }
+    auto w = replicaWeights(norms, steps, s.penalty, s.penalty.weighted, s.stepShare);
+    r.weight = w[comm.rankIn(Group::Sync)];
+    double wsum = 0;
+    for (double x : w) wsum += x;
+    if (wsum == 0) {
+      // Every replica anomalous: skip the outer step and drop the local progress.
+      r.skipped = true;
+      unit.slice.copy_(outer);
+      return r;
+    }
+    D.mul_(r.weight);
+    comm.allreduce(Group::Sync, D);  // Dbar = sum_m w_m D_m (weights already sum to 1)
+
+    // 5. clipping of the averaged pseudo-gradient.
+    r.sliceSq = D.dot(D).item<double>();
+    r.averagedNorm = completeNorm(comm, r.sliceSq);
+    if (s.penalty.clip) {
+      r.clipFactor = clipScale(r.averagedNorm, s.penalty.clipNorm);
+      if (r.clipFactor < 1) D.mul_(r.clipFactor);
+    }
   }
 
   // 6. outer Nesterov step, 7. theta := theta_outer.

@@ -1,5 +1,5 @@
-// EDiT's synchronization of one unit (EDIT_ALGORITHM.md steps 1-7), also used for the
-// DiLoCo and post-local-SGD baselines with the penalty switched off.
+// EDiT's synchronization of one unit (docs/algorithm.md, "One sync round"), also used for
+// the DiLoCo and post-local-SGD baselines with the penalty switched off.
 //
 // Runs on the communication stream, in forward order, before the unit's all-gather, so
 // the sync of unit l+1 overlaps the forward of unit l. Every vector here is this rank's
@@ -29,15 +29,21 @@ struct SyncSettings {
   double lr = 0.7, momentum = 0.8;
   bool nesterov = true;
   bool stepShare = false;  // A-EDiT: blend the replicas' share of steps into the weights
+  // Any part of the penalty on. Off (the baselines): a plain average, no norms computed,
+  // so none of the penalty's collectives run; NaN/Inf is then not caught either.
+  bool penaltyOn() const { return penalty.anomaly || penalty.weighted || penalty.clip || stepShare; }
 };
 
+// The settings a mode runs with: the baselines switch the penalty off and use their own
+// published outer optimizer (diloco: momentum 0.9 unless set; localsgd: plain averaging).
 SyncSettings syncSettingsFor(const AlgorithmConfig& a);
 
 struct UnitSyncResult {
   bool anomaly = false;     // this replica's pseudo-gradient was eliminated
   bool skipped = false;     // every replica anomalous: no outer step
-  double norm = 0;          // g: this replica's pseudo-gradient norm (whole unit)
-  double averagedNorm = 0;  // norm of the averaged pseudo-gradient before clipping
+  double norm = 0;          // g: this replica's pseudo-gradient norm (whole unit; 0 without penalty)
+  double averagedNorm = 0;  // norm of the averaged pseudo-gradient before clipping (penalty on)
+  double sliceSq = 0;       // this rank's part of its square (always; the trainer completes it)
   double clipFactor = 1;
   double weight = 0;        // this replica's weight
 };

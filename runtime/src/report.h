@@ -31,6 +31,8 @@ struct StepReport {
   bool synced = false;         // a sync round happened in this step
   uint64_t syncRounds = 0;     // cumulative
   uint64_t anomalies = 0;      // cumulative
+  uint64_t outerSkips = 0;     // cumulative: units whose outer step a round skipped
+  int64_t skipStreak = 0;      // longest current run of rounds a unit's outer step was skipped
   double pseudoGradNorm = 0;   // of the last averaged pseudo-gradient (whole model)
   double lr = 0;
   std::string phase;           // warmup | local | sync | checkpoint | done

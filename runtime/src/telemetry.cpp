@@ -59,8 +59,10 @@ struct WorkerMetrics::Impl {
   prometheus::Family<prometheus::Counter>* commWait = nullptr;
   prometheus::Gauge* pseudoGradNorm = nullptr;
   prometheus::Counter* anomalies = nullptr;
+  prometheus::Counter* outerSkips = nullptr;
+  prometheus::Gauge* skipStreak = nullptr;
 
-  uint64_t lastTokens = 0, lastSyncRounds = 0, lastAnomalies = 0;
+  uint64_t lastTokens = 0, lastSyncRounds = 0, lastAnomalies = 0, lastOuterSkips = 0;
   int64_t lastStep = -1;
   std::map<std::pair<std::string, std::string>, uint64_t> lastBytes;
   std::map<std::string, double> lastWait;
@@ -122,6 +124,19 @@ WorkerMetrics::WorkerMetrics(const std::string& host, int port, const std::strin
                           .Labels(constant)
                           .Register(r)
                           .Add({});
+  impl_->outerSkips = &BuildCounter()
+                           .Name("edit_outer_steps_skipped_total")
+                           .Help("Units whose outer step a sync round skipped because every replica was anomalous")
+                           .Labels(constant)
+                           .Register(r)
+                           .Add({});
+  impl_->skipStreak = &BuildGauge()
+                           .Name("edit_outer_step_skip_streak")
+                           .Help("Sync rounds in a row a unit's outer step was skipped (the job fails at "
+                                 "algorithm.penalty.maxSkippedRounds)")
+                           .Labels(constant)
+                           .Register(r)
+                           .Add({});
 
   // Serialize under the update lock so a scrape never sees half of a step's update.
   Impl* impl = impl_.get();
@@ -156,6 +171,8 @@ void WorkerMetrics::update(const StepReport& r) {
   advance(*m.tokens, m.lastTokens, r.tokens);
   advance(*m.syncRounds, m.lastSyncRounds, r.syncRounds);
   advance(*m.anomalies, m.lastAnomalies, r.anomalies);
+  advance(*m.outerSkips, m.lastOuterSkips, r.outerSkips);
+  m.skipStreak->Set(static_cast<double>(r.skipStreak));
 
   std::map<std::string, double> waitByGroup;
   for (const auto& [key, c] : r.comm) {

@@ -15,7 +15,7 @@ namespace edit {
 //   edit_train_step_seconds (histogram), edit_train_loss, edit_train_tokens_total,
 //   edit_sync_rounds_total, edit_sync_seconds (histogram), edit_comm_bytes_total{op,group},
 //   edit_comm_wait_seconds_total{group}, edit_pseudo_grad_norm,
-//   edit_pseudo_grad_anomalies_total
+//   edit_pseudo_grad_anomalies_total, edit_outer_steps_skipped_total, edit_outer_step_skip_streak
 // with constant labels job, rank, replica, shard.
 class WorkerMetrics {
  public:

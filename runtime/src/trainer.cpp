@@ -18,14 +18,6 @@ namespace edit {
 
 std::atomic<bool> gTerminateRequested{false};
 
-struct Trainer::StepOutcome {
-  double loss = 0;
-  bool synced = false;
-  double syncWork = 0;  // seconds of sync work on the communication stream
-  double pseudoGradNormSq = 0;
-  uint64_t anomalies = 0;
-};
-
 Trainer::Trainer(Config cfg, MeshSpec mesh, TrainerHooks hooks)
     : cfg_(std::move(cfg)), mesh_(std::move(mesh)), hooks_(std::move(hooks)) {}
 
@@ -215,19 +207,28 @@ void Trainer::injectDelay(int64_t t) {
 
 void Trainer::corruptIfAsked() {
   const auto& c = cfg_.debug.corruptReplica;
-  if (c.replica != comm_->replica() || static_cast<int64_t>(syncRounds_) + 1 != c.atSync) return;
+  const int64_t round = static_cast<int64_t>(syncRounds_) + 1;  // the round about to run
+  if (c.replica != comm_->replica() || round < c.atSync || (round - c.atSync) % c.every != 0 ||
+      (round - c.atSync) / c.every >= c.rounds)
+    return;
   torch::NoGradGuard ng;
-  auto gen = at::detail::createCPUGenerator(cfg_.training.seed + 977 * mesh_.rank);
-  for (auto& u : units_) {
+  auto gen = at::detail::createCPUGenerator(cfg_.training.seed + 977 * mesh_.rank + round);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    auto& u = units_[i];
     if (c.nan) {
       u.slice[0] = std::numeric_limits<float>::quiet_NaN();
-      continue;
+    } else if (c.kind == "pseudoGradient") {
+      // theta := outer - scale (outer - theta): the replica's pseudo-gradient times scale.
+      auto outer = outer_[i].outer.to(u.slice.device());
+      u.slice.sub_(outer).mul_(c.scale).add_(outer);
+    } else {
+      const double rms = u.slice.pow(2).mean().sqrt().item<double>();
+      u.slice.add_((torch::randn({u.chunk}, gen) * (c.scale * rms)).to(device_));
     }
-    const double rms = u.slice.pow(2).mean().sqrt().item<double>();
-    u.slice.add_((torch::randn({u.chunk}, gen) * (c.scale * rms)).to(device_));
   }
-  log("debug.corruptReplica: corrupted replica " + std::to_string(c.replica) +
-      " before sync round " + std::to_string(c.atSync));
+  log("debug.corruptReplica: corrupted replica " + std::to_string(c.replica) + " (" +
+      (c.nan ? std::string("nan") : c.kind + " x" + std::to_string(c.scale)) + ") before sync round " +
+      std::to_string(round));
 }
 
 void Trainer::syncWholeModel(StepOutcome& out) {
@@ -242,11 +243,7 @@ void Trainer::syncWholeModel(StepOutcome& out) {
     }));
   for (auto& f : fs) stream_->wait(f, Group::Sync, "sync");
   out.syncWork += nowSeconds() - t0;
-  for (auto& r : res) {
-    out.pseudoGradNormSq += r.averagedNorm * r.averagedNorm;
-    out.anomalies += r.anomaly;
-  }
-  out.synced = true;
+  noteRound(res, out);
 }
 
 Pending Trainer::prepareUnit(size_t u, bool syncFirst, std::vector<UnitSyncResult>* res,
@@ -404,12 +401,8 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
                                         averageReplicas ? "allreduce" : "reduce_scatter");
 
   if (layerwise) {
-    out.synced = true;
-    for (size_t u = 0; u < U; ++u) {
-      out.syncWork += syncWork[u];
-      out.pseudoGradNormSq += res[u].averagedNorm * res[u].averagedNorm;
-      out.anomalies += res[u].anomaly;
-    }
+    for (size_t u = 0; u < U; ++u) out.syncWork += syncWork[u];
+    noteRound(res, out);
   }
 
   // Clip the global gradient norm (over the whole model: slices summed over the shard
@@ -425,7 +418,7 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   } else {
     if (cfg_.training.gradClip > 0 && gnorm > cfg_.training.gradClip)
       units_[0].gradArena.mul_(cfg_.training.gradClip / (gnorm + 1e-6));
-    adam_->step(units_, learningRate(cfg_.training, t, totalSteps_));
+    adam_->step(units_, lrAt(t));
   }
   return loss.item<double>();
 }
@@ -509,6 +502,8 @@ TrainResult Trainer::run() {
       bool finalRound = false;
       if (sync || synchronousAt(t)) {
         const Control c = exchangeControl(t);
+        jobSteps_ = c.replicaSteps;
+        jobStepsAt_ = t;
         const int64_t id = aedit && !synchronousAt(t) ? c.replicaSteps / comm_->replicas() : t;
         controlId_ = id;
         if (c.stop) {
@@ -538,6 +533,8 @@ TrainResult Trainer::run() {
         anomalies_ += out.anomalies;
         lastPseudoGradNorm_ = std::sqrt(out.pseudoGradNormSq);
         stepsSinceSync_ = 0;
+        afterRound(out);
+        failIfStalled();
         break;
       }
       killIfAsked(t);
@@ -561,6 +558,7 @@ TrainResult Trainer::run() {
         stepsSinceSync_ = 0;
         lastPseudoGradNorm_ = std::sqrt(out.pseudoGradNormSq);
         anomalies_ += out.anomalies;
+        afterRound(out);
       }
       if (isLocalMode() && !synchronousAt(t)) ++stepsSinceSync_;
 
@@ -586,12 +584,15 @@ TrainResult Trainer::run() {
         r.syncSeconds = out.syncWork;
         r.syncRounds = syncRounds_;
         r.anomalies = anomalies_;
+        r.outerSkips = outerSkips_;
+        for (auto k : skipStreak_) r.skipStreak = std::max(r.skipStreak, k);
         r.pseudoGradNorm = lastPseudoGradNorm_;
-        r.lr = learningRate(cfg_.training, t, totalSteps_);
+        r.lr = lrAt(t);
         r.phase = synchronousAt(t) ? "warmup" : (out.synced ? "sync" : "local");
         if (!isLocalMode()) r.phase = "sync";
         hooks_.onStep(r);
       }
+      failIfStalled();  // after the report, so that the metrics show the streak
     } catch (const PeerLost& e) {
       // A peer died or hung: in a local phase the survivors wait for its replacement and
       // continue from the last sync round; otherwise edit-train exits 75 (gang restart).
@@ -607,6 +608,8 @@ TrainResult Trainer::run() {
     ++syncRounds_;
     anomalies_ += out.anomalies;
     lastPseudoGradNorm_ = std::sqrt(out.pseudoGradNormSq);
+    afterRound(out);
+    failIfStalled();
   }
   result.trainSeconds = nowSeconds() - loopStart;
   if (!result.stopped) {
@@ -623,6 +626,7 @@ TrainResult Trainer::run() {
   result.seconds = nowSeconds() - start;
   result.syncRounds = syncRounds_;
   result.anomalies = anomalies_;
+  result.outerSkips = outerSkips_;
   result.comm = comm_->counters();
   result.memory = memoryPlan_;
   return result;

@@ -30,10 +30,18 @@ enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,         // unexpected error: retryable
   kExitInvalidInput = 2,    // bad config, data or checkpoint layout: permanent
+  kExitStalled = 3,         // training stalled (TrainingStalled): permanent, a restart replays it
   kExitPeerLost = 75,       // a collective failed or timed out (a peer died): retryable
   kExitLeft = 76,           // SIGTERM reached this worker and not the whole gang: it left,
                             // its peers recover in place around its replacement
   kExitTerminated = 143,    // stopped by SIGTERM/operator after saving a checkpoint
+};
+
+// The outer step of a unit was skipped algorithm.penalty.maxSkippedRounds sync rounds in a
+// row (every replica anomalous each time): the model no longer learns. Every rank sees the
+// same verdicts, so all of them throw at the same round.
+struct TrainingStalled : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // The survivors' exchanged state rules an in-place recovery out (every rank decides alike):
@@ -58,6 +66,7 @@ struct TrainResult {
   double trainSeconds = 0;    // the training loop and its final sync only (steady tokens/s)
   double startupSeconds = 0;  // from run() to the first step (groups, weights, data, resume)
   uint64_t syncRounds = 0, anomalies = 0;
+  uint64_t outerSkips = 0;   // units whose outer step a round skipped (every replica anomalous)
   int64_t resumedFrom = -1;  // checkpoint step resumed from (-1: fresh start)
   bool joined = false;       // started as a replacement (EDIT_JOIN=1)
   int recoveries = 0;        // in-place recoveries this process took part in
@@ -87,6 +96,7 @@ class Trainer {
   const std::vector<FlatUnit>& units() const { return units_; }
   const BufferCache& buffers() const { return *buffers_; }
   const std::vector<OuterUnit>& outer() const { return outer_; }
+  const std::vector<EwmaDetector>& detectors() const { return detectors_; }
   const Comm& comm() const { return *comm_; }
   int64_t totalSteps() const { return totalSteps_; }
 
@@ -95,7 +105,15 @@ class Trainer {
     bool stop = false, checkpoint = false;
     int64_t replicaSteps = 0;  // steps summed over replicas
   };
-  struct StepOutcome;
+  struct StepOutcome {  // what one step saw
+    double loss = 0;
+    bool synced = false;
+    double syncWork = 0;  // seconds of sync work on the communication stream
+    double pseudoGradNormSq = 0;
+    uint64_t anomalies = 0;
+    std::vector<bool> skipped;  // per unit: every replica anomalous, outer step skipped
+    std::vector<double> norms;  // per unit: this replica's pseudo-gradient norm (penalty on)
+  };
 
   void setup();
   void selectDevice();
@@ -119,6 +137,13 @@ class Trainer {
   bool tryResume();
   void log(const std::string& s);
   void killIfAsked(int64_t t);
+
+  // Sync-round bookkeeping (trainer_rounds.cpp).
+  void noteRound(const std::vector<UnitSyncResult>& res, StepOutcome& out);
+  void afterRound(const StepOutcome& out);  // skip streaks and counters
+  void failIfStalled() const;               // throws TrainingStalled
+  double lrAt(int64_t t) const;             // inner learning rate of step t
+  void agreeJobSteps();                     // jobSteps_ from every rank's step_ (world)
 
   // In-place recovery (trainer_recovery.cpp, docs/replica-recovery.md). Each rank keeps
   // the outer state after the last sync round it completed, and a snapshot taken when it
@@ -165,6 +190,11 @@ class Trainer {
   double localStepSeconds_ = 0;  // moving average of this rank's local step time (A-EDiT)
   uint64_t syncRounds_ = 0, anomalies_ = 0, tokens_ = 0;
   double lastPseudoGradNorm_ = 0;
+  std::vector<int64_t> skipStreak_;  // per unit: rounds in a row its outer step was skipped
+  uint64_t outerSkips_ = 0;
+  // Replica-steps of the whole job agreed at the last control exchange, and this rank's
+  // step then: A-EDiT's learning rate follows the job's progress (lrAt).
+  int64_t jobSteps_ = 0, jobStepsAt_ = 0;
   int64_t lastCheckpointId_ = -1;
   int64_t controlId_ = 0;        // checkpoint id agreed at the last control exchange
   bool outerReady_ = false;

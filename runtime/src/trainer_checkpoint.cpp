@@ -24,6 +24,8 @@ void Trainer::saveCheckpoint(int64_t id) {
   t["meta/tokens"] = scalar(static_cast<double>(tokens_));
   t["meta/adamSteps"] = scalar(static_cast<double>(adam_->stepCount()));
   t["meta/outerReady"] = scalar(outerReady_ ? 1 : 0);
+  t["meta/jobSteps"] = scalar(static_cast<double>(jobSteps_));
+  t["meta/jobStepsAt"] = scalar(static_cast<double>(jobStepsAt_));
   for (size_t u = 0; u < units_.size(); ++u) {
     const std::string k = "unit" + std::to_string(u) + "/";
     t[k + "theta"] = units_[u].slice;
@@ -99,6 +101,10 @@ bool Trainer::tryResume() {
     tokens_ = static_cast<uint64_t>(t.at("meta/tokens").item<double>());
     adam_->setStepCount(static_cast<int64_t>(t.at("meta/adamSteps").item<double>()));
     outerReady_ = t.at("meta/outerReady").item<double>() > 0;
+    // Older checkpoints lack the job's progress: as if every replica were at this step.
+    jobSteps_ = t.count("meta/jobSteps") ? static_cast<int64_t>(t.at("meta/jobSteps").item<double>())
+                                         : step_ * mesh_.replicas;
+    jobStepsAt_ = t.count("meta/jobStepsAt") ? static_cast<int64_t>(t.at("meta/jobStepsAt").item<double>()) : step_;
     outer_.clear();
     for (size_t u = 0; u < units_.size(); ++u) {
       const std::string k = "unit" + std::to_string(u) + "/";

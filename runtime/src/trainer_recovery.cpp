@@ -1,13 +1,14 @@
 // In-place recovery from a lost peer (docs/replica-recovery.md).
 //
-// Every rank of a sync group holds the same outer slice (weights, momentum, anomaly
-// statistics), so a lost rank's outer state survives on its sync-group peers. When a
-// peer is lost in a local phase, the survivors tear down their process groups (which
+// Every rank of a sync group holds the same outer slice (weights, momentum), so a lost
+// rank's outer state survives on its sync-group peers; its anomaly statistics (per
+// replica) survive on its shard peers. When a peer is lost in a local phase, the
+// survivors tear down their process groups (which
 // makes every other rank notice at its next collective), meet the replacement in a new
 // recovery generation, agree on the newest sync round every survivor still holds, and
 // all roll back to it: inner weights := outer weights, step := the step of that round.
 // The replacement copies the outer state and its inner AdamW moments from one peer of its
-// sync group. No disk checkpoint is read.
+// sync group, and the anomaly statistics from its own replica. No disk checkpoint is read.
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -231,17 +232,43 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
       comm_->broadcast(Group::Sync, am, root);
       comm_->broadcast(Group::Sync, av, root);
     }
-    auto ewma = torch::empty({static_cast<int64_t>(detectors_.size()), 3}, torch::kFloat64);
+  }
+  // The anomaly statistics are per replica (they follow its own norms), not per sync
+  // group: a replacement takes them from a surviving shard peer of its own replica. A
+  // replica that lost every rank takes shard 0's source replica's, the same on all its
+  // shards: a prior for a replica that restarts from the outer weights like the others.
+  auto ewma = torch::empty({static_cast<int64_t>(detectors_.size()), 3}, torch::kFloat64);
+  auto pack = [&] {
     for (size_t u = 0; u < detectors_.size(); ++u) {
       ewma[u][0] = detectors_[u].mean;
       ewma[u][1] = detectors_[u].var;
       ewma[u][2] = static_cast<double>(detectors_[u].count);
     }
-    comm_->broadcast(Group::Sync, ewma, root);
-    if (joiner)
-      for (size_t u = 0; u < detectors_.size(); ++u)
-        detectors_[u] = {ewma[u][0].item<double>(), ewma[u][1].item<double>(),
-                         static_cast<int64_t>(ewma[u][2].item<double>())};
+  };
+  auto unpack = [&] {
+    for (size_t u = 0; u < detectors_.size(); ++u)
+      detectors_[u] = {ewma[u][0].item<double>(), ewma[u][1].item<double>(),
+                       static_cast<int64_t>(ewma[u][2].item<double>())};
+  };
+  auto firstSurvivingShard = [&](int rep) {
+    for (int s = 0; s < N; ++s)
+      if (survivor(rep * N + s)) return s;
+    return -1;
+  };
+  bool someReplicaLost = false;
+  for (int rep = 0; rep < comm_->replicas(); ++rep) someReplicaLost |= firstSurvivingShard(rep) < 0;
+  const int peer = firstSurvivingShard(myReplica);
+  if (someReplicaLost && myShard == 0) {
+    pack();
+    comm_->broadcast(Group::Sync, ewma, source[0]);
+    if (peer < 0) unpack();
+  }
+  bool replicaHasJoiner = false;
+  for (int s = 0; s < N; ++s) replicaHasJoiner |= !survivor(myReplica * N + s);
+  if (replicaHasJoiner && N > 1) {
+    pack();
+    comm_->broadcast(Group::Shard, ewma, peer < 0 ? 0 : peer);
+    if (!survivor(me)) unpack();
   }
   if (joiner) {
     adam_->setStepCount(static_cast<int64_t>(T[stepFrom][kAdam]));
@@ -264,6 +291,7 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   controlId_ = std::max<int64_t>(controlId_, lastCkpt);
   partialTermExchanges_ = 0;  // a new generation: a joiner counts from zero too
   outerLost_ = false;
+  agreeJobSteps();  // the job's progress at the restored round (A-EDiT's learning rate)
 
   // The copies must be bit-identical across the sync group, as after any sync round.
   double fp = 0;

@@ -125,6 +125,23 @@ TEST(Plan, PermanentExitCodesFailWithoutRestart) {
   EXPECT_FALSE(p.status.contains("restarts") && p.status["restarts"] != 0);
 }
 
+TEST(Plan, StalledTrainingFailsWithTheWorkersReason) {
+  // edit-train exits 3 when the outer step was skipped maxSkippedRounds rounds in a row and
+  // says why in its termination message: the job fails (no restart) and says it too.
+  EXPECT_TRUE(isPermanentExitCode(3));
+  PlanInput in = input({}, {{"phase", "Running"}});
+  in.pods = {pod(0, "Failed", 0, 3), pod(1, "Failed", 0, 3)};
+  in.pods[0].message = "training stalled: the outer step of unit block.1 was skipped in the last 3 sync rounds";
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Failed");
+  EXPECT_EQ(condReason(p.status, "Failed"), "TrainingStalled");
+  const std::string msg = findCondition(p.status, "Failed")->value("message", "");
+  EXPECT_NE(msg.find("exit code 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the outer step of unit block.1 was skipped"), std::string::npos) << msg;
+  EXPECT_FALSE(p.gangRestarted);
+  EXPECT_TRUE(p.ranksToCreate.empty());
+}
+
 TEST(Plan, InvalidSpecFailsAndCreatesNothing) {
   PlanInput in = input();
   in.spec.reset();
@@ -327,8 +344,10 @@ TEST(Plan, ObservePodReadsExitCodes) {
   json p = {{"metadata", {{"name", "j-worker-1"}, {"labels", {{"edit.io/rank", "1"}, {"edit.io/restart-generation", "2"}}}}},
             {"spec", {{"nodeName", "n"}}},
             {"status", {{"phase", "Failed"},
-                        {"containerStatuses", {{{"state", {{"terminated", {{"exitCode", 127}, {"reason", "Error"}}}}}}}}}}};
+                        {"containerStatuses", {{{"state", {{"terminated", {{"exitCode", 127}, {"reason", "Error"},
+                                                                             {"message", "no edit-train"}}}}}}}}}}};
   ObservedPod o = observePod(p);
+  EXPECT_EQ(o.message, "no edit-train");
   EXPECT_EQ(o.rank, 1);
   EXPECT_EQ(o.generation, 2);
   EXPECT_EQ(o.phase, "Failed");

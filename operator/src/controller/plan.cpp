@@ -24,6 +24,8 @@ std::string describeExit(const ObservedPod& p) {
   std::string s = "worker pod " + p.name + " failed";
   if (p.exitCode) s += " with exit code " + std::to_string(*p.exitCode);
   if (!p.reason.empty()) s += " (" + p.reason + ")";
+  // edit-train's own words (its termination message), cut to keep the status small.
+  if (!p.message.empty()) s += ": " + (p.message.size() > 1024 ? p.message.substr(0, 1024) + "..." : p.message);
   return s;
 }
 
@@ -69,6 +71,8 @@ ObservedPod observePod(const json& pod) {
         o.exitCode = st["terminated"]["exitCode"].get<int>();
         std::string r = st["terminated"].value("reason", "");
         if (!r.empty()) o.reason = r;
+        if (st["terminated"].contains("message") && st["terminated"]["message"].is_string())
+          o.message = st["terminated"]["message"].get<std::string>();
         break;
       }
     }
@@ -77,7 +81,7 @@ ObservedPod observePod(const json& pod) {
   return o;
 }
 
-bool isPermanentExitCode(int code) { return code == 2 || code == 126 || code == 127; }
+bool isPermanentExitCode(int code) { return code == 2 || code == 3 || code == 126 || code == 127; }
 
 std::map<int, std::set<std::string>> avoidNodesFromStatus(const json& status) {
   std::map<int, std::set<std::string>> out;
@@ -372,6 +376,11 @@ class Planner {
       }
       failed.push_back(p);
       if (!permanent && p->exitCode && isPermanentExitCode(*p->exitCode)) permanent = p;
+    }
+    if (permanent && permanent->exitCode == 3) {
+      // edit-train found the outer step skipped maxSkippedRounds rounds in a row.
+      fail("TrainingStalled", describeExit(*permanent) + "; training stalled, not retried (a restart would replay it)", true);
+      return true;
     }
     if (permanent) {
       fail("PermanentError", describeExit(*permanent) + ": a permanent error (invalid config or data, or command not runnable); not retried", true);

@@ -27,6 +27,7 @@ struct ObservedPod {
   std::optional<int> exitCode;
   std::string node;
   std::string reason;        // terminated reason or pod status reason
+  std::string message;       // the container's termination message (edit-train: why it failed)
   // Set when the pod is being taken away rather than failing on its own: its
   // DisruptionTarget condition (eviction, node drain, preemption, taint) or a kubelet
   // eviction (status.reason Evicted). Such a failure does not spend backoffLimit.
@@ -36,7 +37,8 @@ struct ObservedPod {
 
 ObservedPod observePod(const json& pod);
 
-// Exit codes that no restart can fix: 2 = invalid config or data (edit-train), 126 = not
+// Exit codes that no restart can fix: 2 = invalid config or data (edit-train), 3 = training
+// stalled (edit-train; a restart would replay it from the checkpoint), 126 = not
 // executable, 127 = command not found. Everything else (crash, OOM kill 137, preemption
 // 143) is retried: by replacing the failed ranks in place where runPolicy.replicaRecovery
 // allows it (controller/recovery.h), else by a gang restart from the newest checkpoint.

@@ -181,6 +181,38 @@ class Robustness(EditRun):
         self.assertTrue(math.isfinite(on[0]["val_loss"]))
         self.assertLess(on[0]["val_loss"], off[0]["val_loss"])  # without the penalty the loss jumps
 
+    def test_stalled_training_fails_the_job(self):
+        # The learning rate ramps up for the whole run, so every replica's pseudo-gradient
+        # norms grow round after round, and with a z threshold of ~0 any norm above its
+        # mean is an anomaly: every replica is dropped every round, the outer weights stop
+        # moving. The job must fail saying so (exit 3), not finish "successfully".
+        logs = os.path.join(self.d, "logs-stall")
+        term = os.path.join(self.d, "termination-log")
+        open(term, "w").close()  # the kubelet's /dev/termination-log
+        sets = self.base_sets() + ["algorithm.mode=edit", "training.lrWarmupSteps=100000", "training.logEvery=1",
+                                   "algorithm.penalty.zThreshold=0.001", "algorithm.penalty.anomalyWarmup=2"]
+        env = dict(os.environ, EDIT_TERMINATION_LOG=term)
+        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs] + sum((["--set", s] for s in sets), []),
+                           capture_output=True, text=True, timeout=600, env=env)
+        out = p.stdout[-3000:] + p.stderr[-3000:]
+        self.assertEqual(p.returncode, 3, out)
+        self.assertNotIn("starting a replacement", p.stderr)  # a replacement would replay it
+        log0 = open(os.path.join(logs, "rank-0.log")).read()
+        self.assertRegex(log0, r"training stalled: the outer step of unit \S+ was skipped in the last 3 sync rounds")
+        self.assertIn("algorithm.penalty.maxSkippedRounds=3", log0)
+        self.assertTrue(open(term).read().startswith("training stalled: "))
+        rows = progress(logs)
+        self.assertEqual(rows[-1]["skip_streak"], 3)  # the metrics saw it before the exit
+        self.assertGreaterEqual(rows[-1]["outer_skips"], 3)
+
+        # maxSkippedRounds=0: the same run finishes, and the skips are counted.
+        logs = os.path.join(self.d, "logs-stall-off")
+        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs]
+                           + sum((["--set", s] for s in sets + ["algorithm.penalty.maxSkippedRounds=0"]), []),
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+        self.assertGreater(summaries(logs)[0]["outer_skips"], 0)
+
     def test_edit_train_picks_fast_blas_kernels(self):
         """edit-train started directly (as in a pod, without edit-run to set
         OPENBLAS_CORETYPE) still gets OpenBLAS kernels for this CPU, not the SSE3 fallback

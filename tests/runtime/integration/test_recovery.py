@@ -75,6 +75,13 @@ class Recovery(unittest.TestCase):
             for k, v in files[r].items():
                 if k.endswith("/theta") or k.endswith("/outer"):
                     self.assertEqual(v, files[r % shards][k], f"rank {r} differs from rank {r % shards} in {k}")
+        # The anomaly statistics follow each replica's own norms: the shards of a replica,
+        # the replacement included, hold the same ones (it copied them from its shard peer).
+        for r in range(4):
+            head = (r // shards) * shards
+            for k, v in files[r].items():
+                if k.endswith("/ewma"):
+                    self.assertEqual(v, files[head][k], f"rank {r} differs from its shard peer {head} in {k}")
         undisturbed = summaries(os.path.join(self.d, "logs-undisturbed"))[0]["val_loss"]
         got = s[0]["val_loss"]
         self.assertTrue(math.isfinite(got))

@@ -67,15 +67,21 @@ algorithm:
   mode: a-edit
   syncSeconds: 2.5
   outer: {lr: 0.5, momentum: 0.9, nesterov: false}
-  penalty: {anomaly: false, zThreshold: 2, temperature: 0.5}
+  penalty: {anomaly: false, zThreshold: 2, temperature: 0.5, weighting: median, maxSkippedRounds: 0}
 checkpoint: {dir: /tmp/ck, everySteps: 5}
 metrics: {host: 0.0.0.0, port: 0}
 telemetry: {addr: "op:9443", token: s3cret}
 debug:
   injectStepDelay: {rank: 1, seconds: 0.5}
-  corruptReplica: {replica: 0, atSync: 2, nan: true}
+  corruptReplica: {replica: 0, atSync: 2, nan: true, kind: pseudoGradient, rounds: 3, every: 2}
 runtime: {threads: 2, backend: gloo}
 )");
+  EXPECT_EQ(c.algorithm.penalty.weighting, "median");
+  EXPECT_EQ(c.algorithm.penalty.maxSkippedRounds, 0);
+  EXPECT_DOUBLE_EQ(c.algorithm.outer.momentum, 0.9);
+  EXPECT_EQ(c.debug.corruptReplica.kind, "pseudoGradient");
+  EXPECT_EQ(c.debug.corruptReplica.rounds, 3);
+  EXPECT_EQ(c.debug.corruptReplica.every, 2);
   EXPECT_EQ(c.model.dim, 256);
   EXPECT_EQ(c.model.vocabSize, 512);
   EXPECT_EQ(c.data.val, "");
@@ -90,6 +96,20 @@ runtime: {threads: 2, backend: gloo}
   EXPECT_EQ(c.debug.injectStepDelay.rank, 1);
   EXPECT_TRUE(c.debug.corruptReplica.nan);
   EXPECT_EQ(c.runtime.backend, "gloo");
+}
+
+TEST(Config, OuterMomentumDefaultsToTheModes) {
+  // -1 (the default) means each mode's published momentum; it survives a round trip.
+  Config c = edit::parseConfig("");
+  EXPECT_DOUBLE_EQ(c.algorithm.outer.momentum, -1);
+  EXPECT_DOUBLE_EQ(edit::parseConfig(edit::toYaml(c)).algorithm.outer.momentum, -1);
+  EXPECT_DOUBLE_EQ(edit::parseConfig("algorithm: {outer: {momentum: 0}}").algorithm.outer.momentum, 0);
+  EXPECT_NE(errorOf("algorithm: {outer: {momentum: -0.2}}").find("must be -1 (the mode's default)"),
+            std::string::npos);
+  EXPECT_NE(errorOf("algorithm: {penalty: {maxSkippedRounds: -1}}").find("algorithm.penalty.maxSkippedRounds"),
+            std::string::npos);
+  EXPECT_NE(errorOf("debug: {corruptReplica: {kind: flip}}").find("one of noise, pseudoGradient"),
+            std::string::npos);
 }
 
 TEST(Config, ErrorsNameTheFullKeyAndRange) {

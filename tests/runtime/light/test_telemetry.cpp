@@ -117,6 +117,8 @@ edit::StepReport sampleReport() {
   r.synced = true;
   r.syncRounds = 2;
   r.anomalies = 1;
+  r.outerSkips = 2;
+  r.skipStreak = 2;
   r.pseudoGradNorm = 1.5;
   r.lr = 1e-3;
   r.phase = "sync";
@@ -148,7 +150,8 @@ TEST(Telemetry, MetricsEndpointServesEveryMetric) {
   for (const char* name : {"edit_train_step_seconds_count", "edit_train_loss", "edit_train_tokens_total",
                            "edit_sync_rounds_total", "edit_sync_seconds_count", "edit_comm_bytes_total",
                            "edit_comm_wait_seconds_total", "edit_pseudo_grad_norm",
-                           "edit_pseudo_grad_anomalies_total"}) {
+                           "edit_pseudo_grad_anomalies_total", "edit_outer_steps_skipped_total",
+                           "edit_outer_step_skip_streak"}) {
     const Sample* s = find(samples, name);
     ASSERT_NE(s, nullptr) << name << " missing in\n" << body;
     for (const auto& [k, v] : id) EXPECT_EQ(s->labels.count(k) ? s->labels.at(k) : "", v) << name << " " << k;
@@ -165,6 +168,8 @@ TEST(Telemetry, MetricsEndpointServesEveryMetric) {
   EXPECT_DOUBLE_EQ(find(samples, "edit_sync_rounds_total")->value, 2);
   EXPECT_DOUBLE_EQ(find(samples, "edit_pseudo_grad_norm")->value, 1.5);
   EXPECT_DOUBLE_EQ(find(samples, "edit_pseudo_grad_anomalies_total")->value, 1);
+  EXPECT_DOUBLE_EQ(find(samples, "edit_outer_steps_skipped_total")->value, 2);  // cumulative, not summed
+  EXPECT_DOUBLE_EQ(find(samples, "edit_outer_step_skip_streak")->value, 2);
   const Sample* ag = find(samples, "edit_comm_bytes_total", {{"op", "allgather"}, {"group", "shard"}});
   ASSERT_NE(ag, nullptr);
   EXPECT_DOUBLE_EQ(ag->value, 1500);

@@ -24,20 +24,44 @@ TEST(Ewma, MatchesHandComputedSequence) {
   EXPECT_FALSE(d.observe(3.0, p).anomaly);  // d=2, mean=2, var=0.5*(0+0.5*2*1)=0.5
   EXPECT_DOUBLE_EQ(d.mean, 2.0);
   EXPECT_DOUBLE_EQ(d.var, 0.5);
-  // z = (2.5-2)/sqrt(0.5) = 0.707: normal. d=0.5 mean=2.25 var=0.5*(0.5+0.5*0.5*0.25)=0.28125
+  // sigma is bias-corrected: var / (1 - (1-a)^(count-1)) = 0.5 / 0.5 -> 1, so z = 0.5.
+  // d=0.5 mean=2.25 var=0.5*(0.5+0.5*0.5*0.25)=0.28125
   auto v = d.observe(2.5, p);
   EXPECT_FALSE(v.anomaly);
-  EXPECT_NEAR(v.z, 0.5 / std::sqrt(0.5), 1e-12);
+  EXPECT_NEAR(v.z, 0.5, 1e-12);
   EXPECT_DOUBLE_EQ(d.var, 0.28125);
-  // A spike: z = (10-2.25)/sqrt(0.28125) = 14.6 > 3 → anomaly, statistics unchanged.
+  // A spike: sigma = sqrt(0.28125 / 0.75) = sqrt(0.375), z = 7.75 / sigma = 12.7 > 3 ->
+  // anomaly. The statistics take it clamped to mean + 3 sigma (no lock-out, no blow-up):
+  // x = 2.25 + 3s, d = 3s, mean = 2.25 + 1.5s, var = 0.5 * (0.28125 + 0.5 * 3s * 1.5s).
   v = d.observe(10.0, p);
   EXPECT_TRUE(v.anomaly);
-  EXPECT_NEAR(v.z, 7.75 / std::sqrt(0.28125), 1e-9);
-  EXPECT_DOUBLE_EQ(d.mean, 2.25);
-  EXPECT_EQ(d.count, 3);
-  // One-sided: a tiny norm is not an anomaly.
+  const double sd = std::sqrt(0.375);
+  EXPECT_NEAR(v.z, 7.75 / sd, 1e-9);
+  EXPECT_NEAR(d.mean, 2.25 + 1.5 * sd, 1e-12);
+  EXPECT_NEAR(d.var, 0.5 * (0.28125 + 0.5 * 3 * sd * 1.5 * sd), 1e-12);
+  EXPECT_EQ(d.count, 4);
+  // One-sided: a tiny norm is not an anomaly. NaN is, and leaves the statistics alone.
   EXPECT_FALSE(d.observe(0.0, p).anomaly);
+  const auto before = d.count;
   EXPECT_TRUE(d.observe(std::numeric_limits<double>::quiet_NaN(), p).anomaly);
+  EXPECT_EQ(d.count, before);
+}
+
+TEST(Ewma, AcceptsALastingShiftInsteadOfLockingOut) {
+  // Norms around 1 (+-2%) for 200 rounds, then 10% higher for good: flagged for a while,
+  // then normal again (the detector used to flag such a shift forever).
+  PenaltyConfig p;
+  p.anomalyWarmup = 10;
+  EwmaDetector d;
+  for (int i = 0; i < 200; ++i) d.observe(1.0 + 0.02 * std::sin(i), p);
+  int flagged = 0, last = -1;
+  for (int i = 0; i < 200; ++i)
+    if (d.observe(1.1 + 0.02 * std::sin(i), p).anomaly) {
+      ++flagged;
+      last = i;
+    }
+  EXPECT_GT(flagged, 0);
+  EXPECT_LT(last, 60) << "still flagged " << last << " rounds after the shift";
 }
 
 TEST(Ewma, NoVerdictDuringWarmupOrWhenDisabled) {
@@ -75,6 +99,21 @@ TEST(Weights, AnomalousReplicaGetsZeroAndUniformWhenUnweighted) {
   // Huge norms must not underflow to 0/0.
   auto big = replicaWeights({1000.0, 1001.0}, {}, p, true, false);
   EXPECT_NEAR(big[0], 1 / (1 + std::exp(-1.0)), 1e-12);
+}
+
+TEST(Weights, MedianTemperatureDoesNotDependOnTheScale) {
+  PenaltyConfig p;
+  p.weighting = "median";
+  const double inf = std::numeric_limits<double>::infinity();
+  // Median of the kept norms {10, 20, 30} is 20: softmax(-g/20).
+  auto w = replicaWeights({10.0, 20.0, inf, 30.0}, {}, p, true, false);
+  const double e1 = std::exp(-0.5), e2 = std::exp(-1.0), e3 = std::exp(-1.5), z = e1 + e2 + e3;
+  EXPECT_NEAR(w[0], e1 / z, 1e-12);
+  EXPECT_NEAR(w[1], e2 / z, 1e-12);
+  EXPECT_EQ(w[2], 0.0);
+  EXPECT_NEAR(w[3], e3 / z, 1e-12);
+  auto scaled = replicaWeights({1000.0, 2000.0, inf, 3000.0}, {}, p, true, false);
+  for (int m = 0; m < 4; ++m) EXPECT_NEAR(scaled[m], w[m], 1e-12);
 }
 
 TEST(Weights, StepShareBlendsFreshWork) {

@@ -2,13 +2,15 @@
 // sync on the communication stream) must equal a plain single-process simulation of the
 // same math on full, unsharded models: torch::optim::AdamW for the inner step,
 // torch::nn::utils::clip_grad_norm_ for clipping, torch::optim::SGD(nesterov) for the
-// outer step, and the penalty re-derived here from EDIT_ALGORITHM.md.
+// outer step, and the penalty from penalty_reference.h (plain code written from
+// docs/algorithm.md; no runtime penalty code). Each mode's settings are restated here too.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
 #include "model.h"
+#include "penalty_reference.h"
 #include "optim.h"
 #include "test_util.h"
 #include "trainer.h"
@@ -22,25 +24,29 @@ struct RefReplica {
   std::unique_ptr<torch::optim::AdamW> adam;
 };
 
-// EWMA z-test exactly as EDIT_ALGORITHM.md states it (first value initializes the mean).
-struct RefEwma {
-  double mu = 0, v = 0;
-  int64_t n = 0;
-  bool anomalous(double g, const PenaltyConfig& p) {
-    if (!std::isfinite(g)) return true;
-    const double sigma = std::sqrt(v);
-    if (p.anomaly && n >= p.anomalyWarmup && sigma > 0 && (g - mu) / sigma > p.zThreshold) return true;
-    if (n == 0) {
-      mu = g;
-    } else {
-      const double d = g - mu;
-      mu = mu + p.emaAlpha * d;
-      v = (1 - p.emaAlpha) * (v + p.emaAlpha * d * (g - mu));
-    }
-    ++n;
-    return false;
+// Each mode's sync settings as docs/algorithm.md states them (not syncSettingsFor).
+ref::Params paramsFor(const AlgorithmConfig& a) {
+  ref::Params p;
+  const bool baseline = a.mode == "diloco" || a.mode == "localsgd";
+  p.anomaly = !baseline && a.penalty.anomaly;
+  p.weighted = !baseline && a.penalty.weighted;
+  p.clip = !baseline && a.penalty.clip;
+  p.alpha = a.penalty.emaAlpha;
+  p.z = a.penalty.zThreshold;
+  p.warmup = a.penalty.anomalyWarmup;
+  p.temperature = a.penalty.temperature;
+  p.medianTemperature = a.penalty.weighting == "median";
+  p.clipNorm = a.penalty.clipNorm;
+  p.lr = a.outer.lr;
+  p.momentum = a.outer.momentum >= 0 ? a.outer.momentum : a.mode == "diloco" ? 0.9 : 0.8;
+  p.nesterov = a.outer.nesterov;
+  if (a.mode == "localsgd") {
+    p.lr = 1;
+    p.momentum = 0;
+    p.nesterov = false;
   }
-};
+  return p;
+}
 
 torch::Tensor flatOf(const std::vector<torch::Tensor>& ps) {
   std::vector<torch::Tensor> f;
@@ -75,7 +81,7 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
     samplers.emplace_back(file, c.data.seqLen, c.data.batchSize, c.training.seed, r);
   const auto& a = c.algorithm;
   const bool local = a.mode != "ddp";
-  const auto ss = syncSettingsFor(a);
+  const auto rp = paramsFor(a);
 
   std::vector<RefReplica> reps(M);
   for (auto& rep : reps) {
@@ -101,48 +107,30 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
   }
 
   const size_t U = layouts.size();
-  std::vector<torch::Tensor> outer(U);
-  std::vector<std::unique_ptr<torch::optim::SGD>> outerOpt(U);
-  std::vector<std::vector<RefEwma>> ewma(M, std::vector<RefEwma>(U));
+  // Outer state per unit as plain doubles; the round itself is ref::round.
+  std::vector<std::vector<double>> outer(U), momentum(U);
+  std::vector<std::vector<ref::Stats>> stats(U, std::vector<ref::Stats>(M));
   bool outerReady = false;
   int64_t sinceSync = 0;
 
+  auto toVec = [](const torch::Tensor& t) {
+    auto c = t.to(torch::kFloat64).contiguous();
+    return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  };
   auto doSync = [&] {
     torch::NoGradGuard ng;
     for (size_t u = 0; u < U; ++u) {
-      std::vector<torch::Tensor> D(M);
-      std::vector<double> g(M);
+      std::vector<std::vector<double>> D(M);
       for (int m = 0; m < M; ++m) {
-        D[m] = outer[u].detach() - flatOf(reps[m].params[u]);
-        g[m] = D[m].norm().item<double>();
-        const bool bad = !std::isfinite(g[m]) || (ss.penalty.anomaly && ewma[m][u].anomalous(g[m], ss.penalty));
-        if (bad) g[m] = std::numeric_limits<double>::infinity();
+        auto inner = toVec(flatOf(reps[m].params[u]));
+        D[m].resize(inner.size());
+        // The runtime forms the pseudo-gradient in float32.
+        for (size_t i = 0; i < inner.size(); ++i)
+          D[m][i] = static_cast<float>(static_cast<float>(outer[u][i]) - static_cast<float>(inner[i]));
       }
-      std::vector<double> w(M, 0.0);
-      double wsum = 0;
-      for (int m = 0; m < M; ++m) {
-        if (std::isinf(g[m])) continue;
-        w[m] = ss.penalty.weighted ? std::exp(-g[m] / ss.penalty.temperature) : 1.0;
-        wsum += w[m];
-      }
-      if (wsum == 0) {
-        for (int m = 0; m < M; ++m) setFlat(reps[m].params[u], outer[u].detach());
-        continue;
-      }
-      auto Dbar = torch::zeros_like(D[0]);
-      for (int m = 0; m < M; ++m) Dbar += (w[m] / wsum) * D[m];
-      if (ss.penalty.clip) {
-        const double n = Dbar.norm().item<double>();
-        Dbar *= std::min(1.0, ss.penalty.clipNorm / (n + 1e-6));
-      }
-      if (!outerOpt[u]) {
-        outerOpt[u] = std::make_unique<torch::optim::SGD>(
-            std::vector<torch::Tensor>{outer[u]},
-            torch::optim::SGDOptions(ss.lr).momentum(ss.momentum).nesterov(ss.nesterov));
-      }
-      outer[u].mutable_grad() = Dbar.clone();
-      outerOpt[u]->step();
-      for (int m = 0; m < M; ++m) setFlat(reps[m].params[u], outer[u].detach());
+      ref::round(D, stats[u], outer[u], momentum[u], rp);
+      auto o = torch::tensor(outer[u], torch::kFloat64).to(torch::kFloat32);
+      for (int m = 0; m < M; ++m) setFlat(reps[m].params[u], o);
     }
     sinceSync = 0;
   };
@@ -150,7 +138,10 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
   const int64_t T = c.training.steps;
   for (int64_t t = 0; t < T; ++t) {
     if (local && t == a.warmupSteps) {
-      for (size_t u = 0; u < U; ++u) outer[u] = flatOf(reps[0].params[u]).clone().requires_grad_(true);
+      for (size_t u = 0; u < U; ++u) {
+        outer[u] = toVec(flatOf(reps[0].params[u]));
+        momentum[u].assign(outer[u].size(), 0.0);
+      }
       outerReady = true;
     }
     if (local && t > a.warmupSteps && (t - a.warmupSteps) % a.syncInterval == 0) doSync();

@@ -50,7 +50,9 @@ def parse_args(argv):
     p.add_argument("--scenarios", default="convergence,bad-replica")
     p.add_argument("--layouts", default="4x1,2x2")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--no-extras", action="store_true", help="skip the weighting runs")
+    p.add_argument("--no-extras", action="store_true", help="skip the extra runs")
+    p.add_argument("--extras", default="edit+median,edit+uniform,edit+momentum0.5,diloco+momentum0.8,a-edit+median",
+                   help="which extra runs (comma list)")
     p.add_argument("--steps", type=int, help="steps per worker (default 340: 40 rounds of 8 after 20 warm-up)")
     p.add_argument("--warmup", type=int, help="synchronous warm-up steps (default 20)")
     p.add_argument("--tau", type=int, help="syncInterval (default 8)")
@@ -188,18 +190,20 @@ checkpoint:
             r = do_run(layout, "convergence", mode, sets)
             if mode == "edit" and r.get("ok"):
                 calib[layout] = r.get("median_local_step_s") or 0.2
-        if "convergence" in scenarios and not a.no_extras:
-            if "edit" in modes:
+        extras = [] if a.no_extras else a.extras.split(",")
+        if "convergence" in scenarios:
+            if "edit+median" in extras:
                 do_run(layout, "convergence", "edit+median", ["algorithm.mode=edit", "algorithm.penalty.weighting=median"])
-                if layout == "4x1":
-                    do_run(layout, "convergence", "edit+uniform", ["algorithm.mode=edit", "algorithm.penalty.weighted=false"])
-                    # Outer momentum: edit at 0.5 (the best of a short exploration), and diloco
-                    # at edit's 0.8 (equal outer settings: the difference is the penalty and
-                    # the layer-wise schedule).
-                    do_run(layout, "convergence", "edit+momentum0.5", ["algorithm.mode=edit", "algorithm.outer.momentum=0.5"])
-            if "diloco" in modes and layout == "4x1":
+            if layout == "4x1" and "edit+uniform" in extras:
+                do_run(layout, "convergence", "edit+uniform", ["algorithm.mode=edit", "algorithm.penalty.weighted=false"])
+            # Outer momentum: edit at 0.5 (the best of a short exploration), and diloco at
+            # edit's 0.8 (equal outer settings: what differs is the penalty and the
+            # layer-wise schedule).
+            if layout == "4x1" and "edit+momentum0.5" in extras:
+                do_run(layout, "convergence", "edit+momentum0.5", ["algorithm.mode=edit", "algorithm.outer.momentum=0.5"])
+            if layout == "4x1" and "diloco+momentum0.8" in extras:
                 do_run(layout, "convergence", "diloco+momentum0.8", ["algorithm.mode=diloco", "algorithm.outer.momentum=0.8"])
-            if "a-edit" in modes and layout == "4x1":
+            if "a-edit+median" in extras and "a-edit" in modes and layout == "4x1":
                 step = calib.get(layout) or 0.2
                 do_run(layout, "convergence", "a-edit+median",
                        ["algorithm.mode=a-edit", f"algorithm.syncSeconds={a.tau * step:.3f}",

@@ -161,6 +161,20 @@ class Robustness(EditRun):
         for r in range(3):
             self.assertGreater(s[r]["steps"] - 8, slow, f"rank {r} steps {s[r]['steps']} vs slow {s[3]['steps']}")
         self.assertEqual(len({s[r]["sync_rounds"] for r in range(4)}), 1)
+        # The learning rate follows the job's progress, not each replica's step count: the
+        # slow replica ends near the minimum like the others (with its own count it would
+        # still be high), and no fast replica sat at the minimum long before the end.
+        lr, min_lr, warm, total = 3e-3, 3e-4, 5, 150
+        def own_schedule(t):
+            p = min(1.0, (t - warm) / (total - warm))
+            return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * p))
+        self.assertGreater(own_schedule(s[3]["steps"]), min_lr + 0.1 * (lr - min_lr),
+                           "the straggler is not slow enough for this check")
+        for r in range(4):
+            rows = progress(logs, r)
+            self.assertLess(rows[-1]["lr"], min_lr + 0.05 * (lr - min_lr), f"rank {r} ends at lr {rows[-1]['lr']}")
+            at_min = [row["step"] for row in rows if row["lr"] <= min_lr * 1.0001]
+            self.assertLessEqual(len(at_min), 2, f"rank {r} at the minimum lr from step {at_min[:1]}")
 
     def test_corrupt_replica_is_eliminated(self):
         def go(anomaly):

@@ -1,0 +1,760 @@
+#!/usr/bin/env python3
+"""Goodput under repeated failures: a soak run on the Kubernetes path (issue 19).
+
+For each layout (2 replicas x 2 shards, 4 replicas x 1 shard) this runs, on the API
+stand-in with its kubelet and the edit-operator (tests/e2e/harness.py), one after another:
+
+  calibration   a short EDiTJob that measures the step rate, to size the next two jobs
+                so that an undisturbed run lasts about --duration seconds
+  undisturbed   the job with that many steps and no fault: tokens/s and final val loss
+  soak          the same job while every --fault-every seconds (jittered) one fault,
+                drawn at random (without replacement from a bag of all kinds, refilled
+                when empty), hits it:
+                  kill      SIGKILL a random worker
+                  stop      SIGSTOP a random worker (a hang; the operator's hang detection
+                            must find it, hangTimeoutSeconds 10)
+                  delete    `kubectl delete pod` a random worker (SIGTERM, grace period)
+                  operator  SIGKILL the operator; the harness starts a new one 1-5 s later,
+                            as a Deployment would
+                  standin   restart the API stand-in (SIGTERM, same port, --state kept)
+
+The next fault waits until training resumed after the previous one (every rank logged a
+step from a process started after it), so faults do not pile up; none is injected in the
+synchronous warm-up or the last sync intervals of the job (the final whole-model sync and
+evaluation cannot be recovered in place, docs/replica-recovery.md).
+
+Reported per layout (soak.md, soak.json, a step-vs-time plot marking each fault):
+goodput = tokens of kept steps / (elapsed x the undisturbed run's tokens/s), with elapsed
+from `kubectl apply` to Succeeded in both runs; recoveries in place vs gang restarts;
+time from each fault to the next kept training step; steps redone; duplicate pods
+(the fault suite's tracker); final validation loss against the undisturbed run.
+
+    python3 bench/soak.py 900                      # 15 minutes per layout, both layouts
+    python3 bench/soak.py 300 --layouts 2x2 --seed 7
+    python3 bench/soak.py --smoke --check          # the ctest `bench_soak_smoke`
+
+Needs a build (build/runtime/edit-train, build/operator/edit-operator), kubectl, and for
+the full run data/brown (scripts/prepare-data.sh); --smoke uses a small model on a
+generated corpus. Nothing here asserts a timing except where --check is given, and then
+only the outcomes (Succeeded, no duplicate pods), never a duration.
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "faults"))
+import harness as h  # noqa: E402
+from test_faults import RecoveryTracker  # noqa: E402  (duplicate-pod invariants)
+
+KINDS = ["kill", "stop", "delete", "operator", "standin"]
+WORKER_FAULTS = ("kill", "stop", "delete")
+LAYOUTS = {"2x2": (2, 2), "4x1": (4, 1)}
+HANG_TIMEOUT = 10
+
+
+def log(msg):
+    print("[soak %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
+
+
+# ---------------------------------------------------------------------------- job shapes
+
+def tiny_spec(data_dir, steps):
+    """The tiny preset as examples/local/tiny.yaml trains it (d=128, 4 layers, seqLen 128,
+    batch 8, tau 16), on the Brown corpus. Checkpoints every 2 sync intervals: cheap at
+    this size, and what bounds the steps a gang resume redoes."""
+    return {
+        "model": {"preset": "tiny"},
+        "data": {"train": os.path.join(data_dir, "train.bin"), "val": os.path.join(data_dir, "val.bin"),
+                 "seqLen": 128, "batchSize": 8, "valBatches": 16},
+        "training": {"steps": steps, "lr": 3e-3, "minLr": 3e-4, "lrWarmupSteps": 30, "logEvery": 1},
+        "algorithm": {"mode": "edit", "warmupSteps": 30, "syncInterval": 16,
+                      "outer": {"lr": 0.7, "momentum": 0.8},
+                      "penalty": {"anomaly": True, "anomalyWarmup": 5, "weighted": True, "clip": True,
+                                  "clipNorm": 10}},
+        "checkpoint_every": 32,
+    }
+
+
+def small_spec(data_dir, steps):
+    """The fault suite's job (dim 64, 2 layers, seqLen 32, batch 4, tau 4): the smoke run."""
+    return {"steps": steps, "checkpoint_every": 8, "data_dir": data_dir}
+
+
+class Shape:
+    def __init__(self, name, data_dir):
+        self.name, self.data_dir = name, data_dir
+        if name == "tiny":
+            s = tiny_spec(data_dir, 0)
+            self.warmup, self.tau, self.every = 30, 16, s["checkpoint_every"]
+            self.tokens_per_rank_step = 128 * 8
+        else:
+            self.warmup, self.tau, self.every = 8, 4, 8
+            self.tokens_per_rank_step = 32 * 4
+
+    def manifest(self, name, ns, ckpt, steps, replicas, shards):
+        m = h.job_manifest(name, ns, self.data_dir, ckpt, h.free_port(), steps=steps, every=self.every,
+                           replicas=replicas, shards=shards, backoff=1000, hang=HANG_TIMEOUT,
+                           env=[{"name": "EDIT_METRICS_PORT", "value": "-1"}])
+        spec = m["spec"]
+        if self.name == "tiny":
+            t = tiny_spec(self.data_dir, steps)
+            for k in ("model", "data", "training", "algorithm"):
+                spec[k] = t[k]
+        spec["checkpoint"]["keep"] = 3
+        return m
+
+
+# ---------------------------------------------------------------------------- watchers
+
+class LogTail:
+    """Reads every worker log of a job as it grows and time-stamps each line (the @edit
+    rows carry no wall time). Rows: dicts with t (seconds since t0), rank, uid, step."""
+
+    def __init__(self, cluster, ns, job, t0, interval=0.25):
+        self.pattern = os.path.join(cluster.tmp, "kubelet", "pods", "%s_%s-worker-*" % (ns, job), "worker.log")
+        self.t0, self.interval = t0, interval
+        self.offsets, self.partial = {}, {}
+        self.rows, self.lines, self.summaries = [], [], []
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while not self.stopped.is_set():
+            self.poll()
+            self.stopped.wait(self.interval)
+
+    def poll(self):
+        t = time.monotonic() - self.t0
+        for f in glob.glob(self.pattern):
+            uid = os.path.basename(os.path.dirname(f)).rsplit("_", 1)[-1]
+            try:
+                with open(f, "rb") as fh:
+                    fh.seek(self.offsets.get(f, 0))
+                    data = fh.read()
+            except OSError:
+                continue
+            if not data:
+                continue
+            self.offsets[f] = self.offsets.get(f, 0) + len(data)
+            text = self.partial.pop(f, "") + data.decode(errors="replace")
+            lines = text.split("\n")
+            if lines[-1]:
+                self.partial[f] = lines[-1]
+            with self.lock:
+                for line in lines[:-1]:
+                    if line.startswith("@edit "):
+                        try:
+                            j = json.loads(line[6:])
+                        except ValueError:
+                            continue
+                        self.rows.append({"t": t, "rank": j["rank"], "uid": uid, "step": j["step"],
+                                          "phase": j.get("phase", "")})
+                    elif line.startswith("@edit-summary "):
+                        try:
+                            self.summaries.append(dict(json.loads(line[14:]), t=t, uid=uid))
+                        except ValueError:
+                            pass
+                    elif line.strip():
+                        self.lines.append((t, uid, line))
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.rows)
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(5)
+        self.poll()
+
+
+class StatusPoll:
+    """The job's status every 0.5 s (phase, restarts, in-place recoveries, recovery record),
+    tolerating the stand-in being down."""
+
+    def __init__(self, cluster, ns, job, t0):
+        self.c, self.ns, self.job, self.t0 = cluster, ns, job, t0
+        self.history = []
+        self.last = {}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while not self.stopped.is_set():
+            try:
+                st = self.c.job(self.ns, self.job).get("status", {})
+            except Exception:  # the stand-in may be restarting
+                st = None
+            if st is not None:
+                self.last = st
+                self.history.append((time.monotonic() - self.t0, {
+                    "phase": st.get("phase"), "restarts": st.get("restarts", 0),
+                    "replicaRecoveries": st.get("replicaRecoveries", 0),
+                    "disruptions": st.get("disruptions", 0), "recovery": "recovery" in st,
+                    "step": (st.get("progress") or {}).get("step", 0)}))
+            self.stopped.wait(0.5)
+
+    def at(self, t):
+        """The last status seen at or before t (seconds since t0)."""
+        out = self.history[0][1] if self.history else {}
+        for ts, s in self.history:
+            if ts > t:
+                break
+            out = s
+        return out
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(5)
+
+
+# ---------------------------------------------------------------------------- one job
+
+class Job:
+    def __init__(self, cluster, ns, name, shape, steps, replicas, shards):
+        self.c, self.ns, self.name, self.shape = cluster, ns, name, shape
+        self.steps, self.replicas, self.shards = steps, replicas, shards
+        self.world = replicas * shards
+        self.ckpt = os.path.join(cluster.tmp, "ckpt-" + name)
+        self.faults = []
+
+    def start(self):
+        self.t0 = time.monotonic()
+        self.load_start = os.getloadavg()
+        self.tracker = RecoveryTracker(self.c, self.ns, self.name)
+        self.logs = LogTail(self.c, self.ns, self.name, self.t0)
+        self.status = StatusPoll(self.c, self.ns, self.name, self.t0)
+        self.c.apply(self.shape.manifest(self.name, self.ns, self.ckpt, self.steps, self.replicas, self.shards))
+
+    def now(self):
+        return time.monotonic() - self.t0
+
+    def phase(self):
+        return self.status.last.get("phase")
+
+    def finished(self):
+        return self.phase() in ("Succeeded", "Failed")
+
+    def max_step(self):
+        rows = self.logs.snapshot()
+        return max((r["step"] for r in rows), default=0)
+
+    def wait(self, timeout):
+        deadline = time.monotonic() + timeout
+        while not self.finished():
+            if time.monotonic() > deadline:
+                raise h.Failure("job %s did not finish within %d s\n%s" % (self.name, timeout, self.c.diagnostics()))
+            time.sleep(0.5)
+        self.end()
+
+    def end(self):
+        self.t_end = self.now()
+        self.load_end = os.getloadavg()
+        time.sleep(1.0)
+        self.tracker.stop()
+        self.logs.stop()
+        self.status.stop()
+
+    # ---- analysis -------------------------------------------------------------------
+    def kept_times(self):
+        """step -> the time the step was last logged by the last rank to log it: the version
+        of each step that stays in the model (redone steps are logged again later)."""
+        last = {}
+        for r in self.logs.rows:
+            last[(r["rank"], r["step"])] = r["t"]
+        kept = {}
+        for (rank, step), t in last.items():
+            kept[step] = max(kept.get(step, 0), t)
+        return kept
+
+    def resumes(self):
+        """(time, rank, steps redone) wherever a rank's step went back: a recovery in place,
+        a gang restart or a resume after the kubelet restarted the processes."""
+        out = []
+        by_rank = {}
+        for r in sorted(self.logs.rows, key=lambda r: r["t"]):
+            by_rank.setdefault(r["rank"], []).append(r)
+        for rank, rows in by_rank.items():
+            for a, b in zip(rows, rows[1:]):
+                if b["step"] <= a["step"]:
+                    out.append((b["t"], rank, a["step"] - (b["step"] - 1)))
+        return sorted(out)
+
+    def final_summary(self):
+        s = [x for x in self.logs.summaries if x["rank"] == 0 and x["steps"] == self.steps and not x["stopped"]]
+        return s[-1] if s else None
+
+    def loop_seconds(self):
+        ts = [r["t"] for r in self.logs.rows]
+        return (max(ts) - min(ts)) if ts else None
+
+    def step_rate(self, lo, hi):
+        """Kept steps per second between two steps (a steady local phase)."""
+        kept = self.kept_times()
+        if lo not in kept or hi not in kept or kept[hi] <= kept[lo]:
+            return None
+        return (hi - lo) / (kept[hi] - kept[lo])
+
+    def result(self):
+        st = self.status.last
+        summ = self.final_summary()
+        tokens = self.steps * self.world * self.shape.tokens_per_rank_step
+        return {"job": self.name, "phase": st.get("phase"), "steps": self.steps, "world": self.world,
+                "tokens": tokens, "elapsed_seconds": round(self.t_end, 1),
+                "loop_seconds": round(self.loop_seconds() or 0, 1),
+                "restarts": st.get("restarts", 0), "replica_recoveries": st.get("replicaRecoveries", 0),
+                "disruptions": st.get("disruptions", 0),
+                "val_loss": summ["val_loss"] if summ else None,
+                "duplicate_pod_problems": self.tracker.problems(self.world),
+                "generations": {str(g): sorted(r) for g, r in self.tracker.generations().items()},
+                "recovered_ranks": self.tracker.recovered_ranks(),
+                "load_start": [round(x, 2) for x in self.load_start],
+                "load_end": [round(x, 2) for x in self.load_end]}
+
+
+# ---------------------------------------------------------------------------- faults
+
+class Injector:
+    def __init__(self, cluster, ns, job, rng):
+        self.c, self.ns, self.job, self.rng = cluster, ns, job, rng
+        self.bag = []
+
+    def draw(self):
+        if not self.bag:
+            self.bag = list(KINDS)
+            self.rng.shuffle(self.bag)
+        return self.bag.pop()
+
+    def live_workers(self):
+        pods = [p for p in self.c.pods(self.ns, self.job.name)
+                if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+        return sorted(pods, key=lambda p: int(p["metadata"]["labels"]["edit.io/rank"]))
+
+    def inject(self, kind):
+        j = self.job
+        f = {"kind": kind, "t": j.now(), "step": j.max_step()}
+        f["status_before"] = dict(j.status.at(f["t"]))
+        if kind in WORKER_FAULTS:
+            pods = self.live_workers()
+            if len(pods) != j.world:
+                return None  # a pod is still starting: try again shortly
+            p = self.rng.choice(pods)
+            f["rank"] = int(p["metadata"]["labels"]["edit.io/rank"])
+            f["pod"], f["uid"] = p["metadata"]["name"], p["metadata"]["uid"]
+            f["t"] = j.now()
+            if kind == "kill":
+                self.c.kill(self.ns, f["pod"], "KILL")
+            elif kind == "stop":
+                self.c.kill(self.ns, f["pod"], "STOP")
+            else:
+                self.c.kubectl("delete", "pod", "-n", self.ns, f["pod"], "--wait=false")
+        elif kind == "operator":
+            self.c.stop_operator(signal.SIGKILL)
+            down = self.rng.uniform(1, 5)
+            time.sleep(down)
+            self.c.start_operator([self.ns])
+            f["down_seconds"] = round(down, 1)
+        elif kind == "standin":
+            self.c.stop_standin(signal.SIGTERM)
+            time.sleep(1)
+            self.c.start_standin()
+            f["back_t"] = j.now()
+        log("fault %d at %.0f s (step %d): %s%s" % (len(j.faults) + 1, f["t"], f["step"], kind,
+                                                   " rank %d" % f["rank"] if "rank" in f else ""))
+        j.faults.append(f)
+        return f
+
+    def resumed(self, f):
+        """Training runs again after fault f: every rank logged a step after it (the target
+        rank from a new pod, after a stand-in restart from the restarted processes), and no
+        recovery is pending."""
+        j = self.job
+        st = j.status.last
+        if st.get("phase") != "Running" or "recovery" in st:
+            return False
+        after = f.get("back_t", f["t"])
+        latest = {}
+        for r in j.logs.snapshot():
+            if r["t"] > after + 1:
+                latest.setdefault(r["rank"], set()).add(r["uid"])
+        if len(latest) < j.world:
+            return False
+        if f["kind"] in WORKER_FAULTS and latest[f["rank"]] == {f["uid"]}:
+            return False
+        return True
+
+
+def run_soak(job, shape, every, jitter, duration, rng):
+    inj = Injector(job.c, job.ns, job, rng)
+    next_at = every * rng.uniform(1 - jitter, 1 + jitter)
+    last = None
+    pending_since = None
+    kind = None
+    limit = duration * 4 + 900  # a soak that never ends is a result too (reported, not waited for)
+    while not job.finished():
+        time.sleep(0.5)
+        t = job.now()
+        if t > limit:
+            log("the soak job has not finished after %d s; giving up" % limit)
+            break
+        if t > duration or t < next_at:
+            continue
+        step = job.max_step()
+        if step < shape.warmup + shape.tau or step > job.steps - 3 * shape.tau:
+            continue  # the synchronous warm-up, or the final sync and evaluation ahead
+        if last is not None and not inj.resumed(last):
+            pending_since = pending_since or t
+            if t - pending_since > 300:
+                log("training has not resumed 300 s after fault %d; injecting the next one anyway" % len(job.faults))
+            else:
+                continue
+        pending_since = None
+        kind = kind or inj.draw()
+        try:
+            f = inj.inject(kind)
+        except Exception as e:  # noqa: BLE001 - a failed injection is reported, not fatal
+            log("fault injection failed: %s" % e)
+            f = None
+        if f is None:
+            continue  # the same kind again shortly (a pod was still starting)
+        last, kind = f, None
+        next_at = job.now() + every * rng.uniform(1 - jitter, 1 + jitter)
+
+
+def analyse(job, base):
+    """Per-fault outcome, time to the next kept step after the interruption, steps redone;
+    goodput."""
+    kept = sorted((t, s) for s, t in job.kept_times().items())
+    resumes = job.resumes()
+    faults = job.faults
+    bounds = [f["t"] for f in faults] + [job.t_end + 1]
+    for i, f in enumerate(faults):
+        lo, hi = bounds[i], bounds[i + 1]
+        # The interruption a fault causes is the longest pause between two kept steps in
+        # its window (processes may log a few steps before they notice, e.g. a SIGTERM is
+        # acted on at the next sync, and those steps are kept); training is running again
+        # at the kept step that ends it.
+        window = [t for t, _ in kept if t < hi]
+        prev = [t for t in window if t <= lo]
+        after = [t for t in window if t > lo]
+        f["next_kept_step_seconds"] = None
+        if after:
+            ts = prev[-1:] + after
+            gaps = [(b - a, b) for a, b in zip(ts, ts[1:])] or [(after[0] - lo, after[0])]
+            gap, end = max(gaps)
+            f["next_kept_step_seconds"] = round(end - lo, 1)
+            f["longest_pause_seconds"] = round(gap, 1)
+        redone = [n for (t, rank, n) in resumes if lo <= t < hi]
+        f["steps_redone"] = max(redone) if redone else 0
+        before = f["status_before"]
+        end_status = job.status.at(hi - 0.01)
+        d_restarts = end_status.get("restarts", 0) - before.get("restarts", 0)
+        d_rec = end_status.get("replicaRecoveries", 0) - before.get("replicaRecoveries", 0)
+        text = [l for (t, uid, l) in job.logs.lines if lo <= t < hi]
+        if d_restarts > 0:
+            f["outcome"] = "gang restart"
+        elif d_rec > 0 or any("recovered in place" in l for l in text):
+            f["outcome"] = "in place"
+        elif any("resumed from" in l for l in text):
+            f["outcome"] = "processes restarted in their pods, resumed from a checkpoint"
+        else:
+            f["outcome"] = "no interruption"
+        # edit-train's last words when it exits 75 (the trainer's own "peer lost: ...;
+        # recovering in place" / "...; exiting for a gang restart" lines come before).
+        f["exits_75"] = sum(1 for l in text if ("peer lost:" in l and "recovering in place" not in l
+                                                and "exiting for a gang restart" not in l)
+                            or "collective failed (peer lost?)" in l)
+        f["in_warmup"] = f["step"] < job.shape.warmup
+        f.pop("status_before", None)
+    res = job.result()
+    res["faults"] = faults
+    res["fault_counts"] = {k: sum(1 for f in faults if f["kind"] == k) for k in KINDS}
+    res["in_place"] = sum(1 for f in faults if f["outcome"] == "in place")
+    res["gang_restarts_after_faults"] = sum(1 for f in faults if f["outcome"] == "gang restart")
+    worker = [f for f in faults if f["kind"] in WORKER_FAULTS and not f["in_warmup"]]
+    res["worker_faults_in_place"] = "%d of %d" % (sum(1 for f in worker if f["outcome"] == "in place"), len(worker))
+    res["steps_redone_total"] = sum(f["steps_redone"] for f in faults)
+    if base and base.get("elapsed_seconds") and res["phase"] == "Succeeded":
+        tps = base["tokens"] / base["elapsed_seconds"]
+        res["undisturbed_tokens_per_second"] = round(tps, 1)
+        res["goodput"] = round(res["tokens"] / (res["elapsed_seconds"] * tps), 4)
+        if base.get("loop_seconds") and res.get("loop_seconds"):
+            res["goodput_training_loop"] = round(base["loop_seconds"] / res["loop_seconds"], 4)
+        if base.get("val_loss") and res.get("val_loss"):
+            res["val_loss_undisturbed"] = base["val_loss"]
+            res["val_loss_rel_diff"] = round((res["val_loss"] - base["val_loss"]) / base["val_loss"], 5)
+    # The soak's own step rate outside the faults' windows: if it differs from the
+    # undisturbed run's, the shared machine's load changed between the runs.
+    res["steady_steps_per_second"] = steady_rate(job)
+    return res
+
+
+def steady_rate(job):
+    """Median kept-step rate over 10-step windows that contain no fault and no resume."""
+    kept = job.kept_times()
+    marks = [f["t"] for f in job.faults] + [t for (t, _, _) in job.resumes()]
+    rates = []
+    steps = sorted(kept)
+    for a in range(job.shape.warmup + job.shape.tau, len(steps), 10):
+        b = a + 10
+        if a not in kept or b not in kept or kept[b] <= kept[a]:
+            continue
+        if any(kept[a] - 5 <= m <= kept[b] + 5 for m in marks):
+            continue
+        rates.append(10 / (kept[b] - kept[a]))
+    return round(statistics.median(rates), 3) if rates else None
+
+
+# ---------------------------------------------------------------------------- report
+
+def write_plot(out, layout, soak, base):
+    """step vs time: every logged row (dots), the kept steps (line), the undisturbed run
+    (dashed), a vertical line per fault labelled with its kind."""
+    stem = os.path.join(out, "soak_%s" % layout)
+    with open(stem + "_rows.dat", "w") as f:
+        for r in sorted(soak.logs.rows, key=lambda r: r["t"]):
+            f.write("%.2f %d %d\n" % (r["t"], r["step"], r["rank"]))
+    with open(stem + "_kept.dat", "w") as f:
+        for s, t in sorted(soak.kept_times().items()):
+            f.write("%.2f %d\n" % (t, s))
+    with open(stem + "_base.dat", "w") as f:
+        for s, t in sorted(base.kept_times().items()):
+            f.write("%.2f %d\n" % (t, s))
+    colors = {"kill": "#d62728", "stop": "#ff7f0e", "delete": "#9467bd", "operator": "#2ca02c", "standin": "#1f77b4"}
+    gp = ["set terminal pngcairo size 1400,650 font ',10'", "set output '%s.png'" % stem,
+          "set title 'Soak %s: step vs time, one fault per ~minute (%d faults)'" % (layout, len(soak.faults)),
+          "set xlabel 'seconds since kubectl apply'", "set ylabel 'step'", "set key left top", "set grid",
+          "set yrange [0:%d]" % int(soak.steps * 1.08)]
+    for i, f in enumerate(soak.faults):
+        gp.append("set arrow from %.1f, graph 0 to %.1f, graph 1 nohead lc rgb '%s' lw 1.2 dt 2" % (
+            f["t"], f["t"], colors[f["kind"]]))
+        label = f["kind"] + (" r%d" % f["rank"] if "rank" in f else "")
+        gp.append("set label '%s' at %.1f, graph %.2f rotate by 90 tc rgb '%s' font ',8'" % (
+            label, f["t"] + 2, 0.62 + 0.1 * (i % 3), colors[f["kind"]]))
+    gp.append("plot '%s_rows.dat' using 1:2 with points pt 7 ps 0.2 lc rgb '#bbbbbb' title 'logged steps (all ranks, incl. redone)', "
+              "'%s_kept.dat' using 1:2 with lines lw 2 lc rgb 'black' title 'kept steps (soak)', "
+              "'%s_base.dat' using 1:2 with lines lw 1.5 dt 3 lc rgb '#555555' title 'undisturbed run'" % (stem, stem, stem))
+    with open(stem + ".gp", "w") as f:
+        f.write("\n".join(gp) + "\n")
+    if shutil.which("gnuplot"):
+        r = subprocess.run(["gnuplot", stem + ".gp"], capture_output=True, text=True)
+        if r.returncode != 0:
+            log("gnuplot failed: %s" % r.stderr.strip()[:400])
+    else:
+        log("gnuplot not found: plot skipped")
+
+
+def fmt(v, spec="%.1f"):
+    return "-" if v is None else spec % v
+
+
+def write_report(out, a, results):
+    with open(os.path.join(out, "soak.json"), "w") as f:
+        json.dump({"args": vars(a), "layouts": results}, f, indent=1, default=str)
+    L = ["# Soak: goodput under repeated failures (%s)" % datetime.datetime.now().isoformat(timespec="seconds"), "",
+         "`python3 bench/soak.py %s` (seed %d): EDiTJob on the API stand-in with its kubelet and the "
+         "edit-operator, a fault every ~%d s (+-%d%%) for %d s, drawn at random from: SIGKILL a worker, SIGSTOP a "
+         "worker (hang), `kubectl delete pod` a worker, SIGKILL the operator (restarted 1-5 s later), restart "
+         "the stand-in. Model: %s. Machine: 2 cores shared with other sessions; load averages are listed: "
+         "the goodput compares two runs made one after the other, so a change in the machine's load between them "
+         "moves it (the steady step rates show by how much)." % (
+             a.duration if not a.smoke else "--smoke", a.seed, a.fault_every, int(a.jitter * 100), a.duration,
+             "the `tiny` preset (d=128, 4 layers, seqLen 128, batch 8, tau 16, warm-up 30, checkpoint every 32 steps)"
+             if a.model == "tiny" else "the fault suite's small job (dim 64, 2 layers, seqLen 32, batch 4, tau 4)"), ""]
+    L += ["| layout | steps | phase | goodput | goodput (training loop) | faults | worker faults in place | gang restarts | "
+          "steps redone | duplicate pods | val loss soak / undisturbed (diff) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for lay, r in results.items():
+        s = r["soak"]
+        L.append("| %s | %d | %s | %s | %s | %d | %s | %d | %d | %d | %s / %s (%s) |" % (
+            lay, s["steps"], s["phase"], fmt(s.get("goodput") and 100 * s["goodput"], "%.1f%%"),
+            fmt(s.get("goodput_training_loop") and 100 * s["goodput_training_loop"], "%.1f%%"), len(s["faults"]),
+            s["worker_faults_in_place"], s["restarts"], s["steps_redone_total"], len(s["duplicate_pod_problems"]),
+            fmt(s.get("val_loss"), "%.4f"), fmt(s.get("val_loss_undisturbed"), "%.4f"),
+            fmt(s.get("val_loss_rel_diff") and 100 * s["val_loss_rel_diff"], "%+.2f%%")))
+    L += ["", "How to read it:", "",
+          "- **goodput**: tokens of the steps kept in the final model / (elapsed x the undisturbed run's tokens/s); "
+          "elapsed is `kubectl apply` to Succeeded in both runs, so it equals undisturbed time / soak time. "
+          "**(training loop)**: the same from each run's first to its last logged step (pod start-up left out).",
+          "- **fault -> training again**: from the fault to the kept step that ends the longest pause between two "
+          "kept steps after it (a worker that gets SIGTERM trains until the next control exchange, and those steps "
+          "count). **longest pause**: that pause. Both are read from time stamps taken every 0.25 s while tailing "
+          "the worker logs.",
+          "- **outcome**: from the job's status counters and the worker logs between this fault and the next: "
+          "`in place` (replicaRecoveries rose, or a worker logged `recovered in place`), `gang restart` (restarts "
+          "rose), `processes restarted in their pods` (the stand-in's kubelet stops its pods' processes when it "
+          "stops and starts them again when it comes back: they resume from the newest checkpoint; a real "
+          "API-server restart leaves containers alone), `no interruption`.",
+          "- **steps redone**: per fault, the most steps any rank logged twice (its furthest step before the "
+          "fault minus the step it resumed at). **exits 75**: workers that gave up waiting (gang restart).",
+          "- **duplicate pods**: the fault suite's tracker (never more than M x N pods, never two live generations, "
+          "no rank of a generation created twice unless the second is an EDIT_JOIN=1 replacement).", ""]
+    for lay, r in results.items():
+        s, b = r["soak"], r["undisturbed"]
+        L += ["## %s" % lay, "",
+              "![step vs time, %s](soak_%s.png)" % (lay, lay), "",
+              "- undisturbed: %d steps in %.1f s (apply to Succeeded; training loop %.1f s), %s tokens/s, val loss %s; "
+              "steady %s steps/s; load %s -> %s" % (
+                  b["steps"], b["elapsed_seconds"], b["loop_seconds"], fmt(b["tokens"] / b["elapsed_seconds"], "%.0f"),
+                  fmt(b.get("val_loss"), "%.4f"), fmt(b.get("steady_steps_per_second"), "%.3f"), b["load_start"], b["load_end"]),
+              "- soak: %d steps in %.1f s (training loop %.1f s), %s; restarts %d, in-place recoveries %d (operator "
+              "count), disruptions %d; steady %s steps/s outside the faults; load %s -> %s" % (
+                  s["steps"], s["elapsed_seconds"], s["loop_seconds"], s["phase"], s["restarts"], s["replica_recoveries"],
+                  s["disruptions"], fmt(s.get("steady_steps_per_second"), "%.3f"), s["load_start"], s["load_end"]),
+              "- duplicate pods: %s" % ("none" if not s["duplicate_pod_problems"] else "; ".join(s["duplicate_pod_problems"][:5])),
+              "", "| # | t s | step | fault | target | outcome | fault -> training again s | longest pause s | "
+              "steps redone | exits 75 |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        for i, f in enumerate(s["faults"]):
+            L.append("| %d | %.0f | %d | %s | %s | %s | %s | %s | %d | %d |" % (
+                i + 1, f["t"], f["step"], f["kind"], f.get("pod", "-"),
+                f["outcome"] + (" (warm-up)" if f["in_warmup"] else ""), fmt(f["next_kept_step_seconds"]),
+                fmt(f.get("longest_pause_seconds")), f["steps_redone"], f["exits_75"]))
+        by_kind = {}
+        for f in s["faults"]:
+            if f["next_kept_step_seconds"] is not None:
+                by_kind.setdefault(f["kind"], []).append(f["next_kept_step_seconds"])
+        L += ["", "Median fault -> training again by kind: " + ", ".join(
+            "%s %.1f s (%d)" % (k, statistics.median(v), len(v)) for k, v in sorted(by_kind.items())), ""]
+    with open(os.path.join(out, "soak.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+# ---------------------------------------------------------------------------- main
+
+def run_layout(a, layout, rng, data_dir, out):
+    replicas, shards = LAYOUTS[layout]
+    shape = Shape(a.model, data_dir)
+    c = h.Cluster(prefix="edit-soak-")
+    try:
+        c.start_standin()
+        c.kubectl("apply", "-f", h.CRD)
+        c.kubectl("wait", "--for=condition=Established", "crd/editjobs.edit.io", "--timeout=30s")
+        ns = h.unique("soak")
+        c.create_namespace(ns)
+        c.start_operator([ns])
+        steps = a.steps
+        if not steps:
+            # Long enough that the 0.25 s time stamps of the rows do not matter.
+            cal_steps = 300 if a.model == "small" else shape.warmup + 6 * shape.tau
+            cal = Job(c, ns, "cal-" + layout.replace("x", "by"), shape, cal_steps, replicas, shards)
+            log("%s: calibration job, %d steps" % (layout, cal_steps))
+            cal.start()
+            cal.wait(900)
+            rate = cal.step_rate(shape.warmup + shape.tau, cal_steps - 1)
+            if not rate:
+                raise h.Failure("calibration: no step rate\n" + c.diagnostics())
+            steps = max(shape.warmup + 6 * shape.tau, int(rate * a.duration))
+            log("%s: %.2f steps/s -> %d steps for %d s" % (layout, rate, steps, a.duration))
+        base = Job(c, ns, "base-" + layout.replace("x", "by"), shape, steps, replicas, shards)
+        log("%s: undisturbed job, %d steps" % (layout, steps))
+        base.start()
+        base.wait(a.duration * 4 + 600)
+        b = base.result()
+        b["steady_steps_per_second"] = steady_rate(base)
+        log("%s: undisturbed %s in %.1f s, val loss %s" % (layout, b["phase"], b["elapsed_seconds"], b["val_loss"]))
+        soak = Job(c, ns, "soak-" + layout.replace("x", "by"), shape, steps, replicas, shards)
+        log("%s: soak job, %d steps, a fault every ~%d s for %d s" % (layout, steps, a.fault_every, a.duration))
+        soak.start()
+        run_soak(soak, shape, a.fault_every, a.jitter, a.duration, rng)
+        soak.end()
+        s = analyse(soak, b)
+        log("%s: soak %s in %.1f s, goodput %s, %s worker faults in place, restarts %d, duplicate-pod problems %d, "
+            "val loss %s vs %s" % (layout, s["phase"], s["elapsed_seconds"], s.get("goodput"), s["worker_faults_in_place"],
+                                   s["restarts"], len(s["duplicate_pod_problems"]), s.get("val_loss"), b.get("val_loss")))
+        write_plot(out, layout, soak, base)
+        if s["phase"] != "Succeeded" or a.keep_logs:
+            keep = os.path.join(out, "logs-%s" % layout)
+            shutil.copytree(os.path.join(c.tmp, "kubelet", "pods"), keep, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.bin"))
+            for f in c.op_logs + c.standin_logs:
+                shutil.copy(f, keep)
+            log("%s: logs kept in %s" % (layout, keep))
+        return {"undisturbed": b, "soak": s}
+    finally:
+        c.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("duration", nargs="?", type=int, default=900, help="seconds of faults per layout (default 900)")
+    ap.add_argument("--layouts", default="2x2,4x1")
+    ap.add_argument("--fault-every", type=float, default=60)
+    ap.add_argument("--jitter", type=float, default=0.25, help="the interval is fault-every x U(1-j, 1+j)")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=0, help="job steps (default: calibrated to the duration)")
+    ap.add_argument("--model", choices=["tiny", "small"], default="tiny")
+    ap.add_argument("--data", default=os.path.join(ROOT, "data", "brown"), help="train.bin/val.bin (tiny model)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat()))
+    ap.add_argument("--smoke", action="store_true",
+                    help="short run: 2x2, the small model on a generated corpus, 100 s, a fault every 20 s")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 unless every soak ended Succeeded with no duplicate pod and a report")
+    ap.add_argument("--keep-logs", action="store_true", help="copy the worker, operator and stand-in logs to --out")
+    a = ap.parse_args()
+    if a.smoke:
+        a.model, a.duration, a.fault_every = "small", min(a.duration, 100), min(a.fault_every, 20)
+        if a.layouts == "2x2,4x1":
+            a.layouts = "2x2"
+    if a.seed is None:
+        a.seed = random.randrange(1 << 30)
+    if not h.find_kubectl():
+        print("soak: no kubectl; skipped")
+        sys.exit(h.SKIP_EXIT)
+    for binary in (h.OPERATOR, os.path.join(h.RUNTIME_DIR, "edit-train")):
+        if not os.access(binary, os.X_OK):
+            print("soak: %s not built; skipped" % binary)
+            sys.exit(h.SKIP_EXIT)
+    os.makedirs(a.out, exist_ok=True)
+    rng = random.Random(a.seed)
+    log("seed %d, layouts %s, %d s of faults each, out %s" % (a.seed, a.layouts, a.duration, a.out))
+    data_dir = a.data
+    tmp_data = None
+    if a.model == "small":
+        tmp_data = os.path.join(a.out, "smoke-data")
+        os.makedirs(tmp_data, exist_ok=True)
+        h.make_data(tmp_data)
+        data_dir = tmp_data
+    elif not os.path.exists(os.path.join(data_dir, "train.bin")):
+        print("soak: %s/train.bin missing (scripts/prepare-data.sh)" % data_dir)
+        sys.exit(2)
+    results = {}
+    try:
+        for layout in a.layouts.split(","):
+            results[layout] = run_layout(a, layout, rng, data_dir, a.out)
+            write_report(a.out, a, results)
+    finally:
+        if tmp_data:
+            shutil.rmtree(tmp_data, ignore_errors=True)
+    print(open(os.path.join(a.out, "soak.md")).read())
+    if a.check:
+        bad = []
+        for lay, r in results.items():
+            s = r["soak"]
+            if s["phase"] != "Succeeded":
+                bad.append("%s: the soak job ended %s" % (lay, s["phase"]))
+            if s["duplicate_pod_problems"]:
+                bad.append("%s: duplicate pods: %s" % (lay, s["duplicate_pod_problems"][:3]))
+            if not s["faults"]:
+                bad.append("%s: no fault was injected" % lay)
+        if bad:
+            print("soak check failed:\n  " + "\n  ".join(bad))
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -17,7 +17,7 @@
 
 #include "blas_env.h"
 #include "checkpoint.h"
-#include "config.h"
+#include "worker_config.h"
 #include "cpu_allocator.h"
 #include "data.h"
 #include "telemetry.h"
@@ -60,11 +60,13 @@ void terminationMessage(const std::string& text) {
 }
 
 void usage() {
-  std::cerr << "usage: edit-train [--config FILE] [--set key=value]... [--print-config]\n"
+  std::cerr << "usage: edit-train [--config FILE] [--set key=value]... [--print-config | --print-schema]\n"
                "  The configuration comes from --config, else $EDIT_CONFIG_FILE, else the YAML\n"
                "  text in $EDIT_CONFIG (what the operator sets), else the built-in defaults.\n"
                "  Rank and rendezvous: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
-               "  EDIT_REPLICAS, EDIT_SHARDS.\n";
+               "  EDIT_REPLICAS, EDIT_SHARDS.\n"
+               "  --print-config prints the resulting configuration; --print-schema prints the\n"
+               "  schema of every key (JSON, OpenAPI v3: types, ranges, defaults, descriptions).\n";
 }
 
 Config loadConfig(int argc, char** argv, bool& printOnly) {
@@ -75,14 +77,16 @@ Config loadConfig(int argc, char** argv, bool& printOnly) {
     if (a == "--config" && i + 1 < argc) file = argv[++i];
     else if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
     else if (a == "--print-config") printOnly = true;
+    else if (a == "--print-schema") { std::cout << workerConfigSchemaJson(); std::exit(0); }
     else if (a == "-h" || a == "--help") { usage(); std::exit(0); }
     else throw ConfigError("unknown argument \"" + a + "\" (see --help)");
   }
   Config cfg;
-  if (!file.empty()) cfg = loadConfigFile(file);
-  else if (const char* text = std::getenv("EDIT_CONFIG"); text && *text) cfg = parseConfig(text);
-  applyEnvironment(cfg);
-  applyOverrides(cfg, sets);
+  // Every key is checked as it is set; the cross-field rules once, after the last override.
+  if (!file.empty()) cfg = loadConfigFile(file, false);
+  else if (const char* text = std::getenv("EDIT_CONFIG"); text && *text) cfg = parseConfig(text, false);
+  applyEnvironment(cfg, false);
+  applyOverrides(cfg, sets, false);
   validate(cfg);
   return cfg;
 }

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "config.h"
+#include "worker_config.h"
 #include "model.h"
 
 namespace edit::hf {

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "config.h"
+#include "worker_config.h"
 #include "flat_units.h"
 
 namespace edit {

@@ -11,7 +11,7 @@
 #include <torch/torch.h>
 
 #include "comm.h"
-#include "config.h"
+#include "worker_config.h"
 #include "flat_units.h"
 #include "penalty.h"
 

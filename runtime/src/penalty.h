@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "config.h"
+#include "worker_config.h"
 
 namespace edit {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "config.h"
+#include "worker_config.h"
 #include "report.h"
 
 namespace edit {

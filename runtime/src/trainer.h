@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "comm.h"
-#include "config.h"
+#include "worker_config.h"
 #include "data.h"
 #include "flat_units.h"
 #include "optim.h"

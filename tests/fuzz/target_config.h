@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "config.h"
+#include "worker_config.h"
 
 namespace edit::fuzz {
 

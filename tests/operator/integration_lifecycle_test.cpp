@@ -133,6 +133,21 @@ TEST_F(OperatorIntegration, InvalidSpecFailsWithoutCreatingAnything) {
   EXPECT_FALSE(client->tryGet(res::Services, "default", name).has_value());
 }
 
+// The CRD admits it (no CEL rule can see a preset's dim), a worker would exit 2: the
+// operator runs the runtime's parser first and fails the job with its message.
+TEST_F(OperatorIntegration, WorkerConfigTheRuntimeRefusesFailsBeforeAnyPod) {
+  json j = shellJob("badheads", 2, 1, "exit 0");
+  j["spec"]["model"] = {{"preset", "llama-1b"}, {"heads", 3}};
+  client->create(res::EDiTJobs, "default", j);
+  ASSERT_TRUE(waitPhase("badheads", "Failed")) << job("badheads").dump(2);
+  json got = job("badheads");
+  EXPECT_EQ(conditionReason(got, "Failed"), "InvalidSpec");
+  const std::string msg = got["status"]["message"];
+  EXPECT_EQ(msg.rfind("spec.model.heads: must divide model.dim", 0), 0u) << msg;
+  EXPECT_TRUE(pods("badheads").empty());
+  EXPECT_FALSE(client->tryGet(res::ConfigMaps, "default", "badheads-config").has_value());
+}
+
 // A node drain evicts a worker (Eviction API: DisruptionTarget, then SIGTERM); like
 // edit-train, every worker then stops with exit 143. The gang restart that follows is
 // free: with backoffLimit 0 the job runs again. A crash of its own afterwards fails it.

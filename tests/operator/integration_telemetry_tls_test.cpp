@@ -17,7 +17,7 @@
 #include "edit/v1alpha1/telemetry.grpc.pb.h"
 #include "telemetry/server.h"
 #ifdef EDIT_WITH_WORKER_CLIENT
-#include "config.h"     // the worker config (runtime/src)
+#include "worker_config.h"     // the worker config (runtime/src)
 #include "telemetry.h"  // the worker client (runtime/src)
 #endif
 

@@ -83,7 +83,6 @@ TEST(ApiSpec, ErrorsNameTheField) {
   EXPECT_EQ(errorField({{"image", "i"}, {"runPolicy", {{"cleanPodPolicy", "Some"}}}}), "spec.runPolicy.cleanPodPolicy");
   EXPECT_EQ(errorField({{"image", "i"}, {"stragglerPolicy", {{"action", "Kill"}}}}), "spec.stragglerPolicy.action");
   EXPECT_EQ(errorField({{"image", "i"}, {"stragglerPolicy", {{"threshold", 0.5}}}}), "spec.stragglerPolicy.threshold");
-  EXPECT_EQ(errorField({{"image", "i"}, {"algorithm", {{"mode", "sgd"}}}}), "spec.algorithm.mode");
   EXPECT_EQ(errorField({{"image", "i"}, {"env", {{{"value", "x"}}}}}), "spec.env[0].name");
   EXPECT_EQ(errorField({{"image", "i"}, {"model", "tiny"}}), "spec.model");
   EXPECT_EQ(errorField({{"image", "i"}}), "");

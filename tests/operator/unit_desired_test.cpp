@@ -33,6 +33,8 @@ TEST(Desired, PodIdentityEnvAndLabels) {
   EXPECT_EQ(pod["spec"]["hostname"], "demo-worker-3");
   EXPECT_EQ(pod["spec"]["subdomain"], "demo");
   EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
+  // A worker that dies before writing its termination message leaves its log's tail there.
+  EXPECT_EQ(pod["spec"]["containers"][0]["terminationMessagePolicy"], "FallbackToLogsOnError");
   const json& l = pod["metadata"]["labels"];
   EXPECT_EQ(l["edit.io/job-name"], "demo");
   EXPECT_EQ(l["edit.io/rank"], "3");

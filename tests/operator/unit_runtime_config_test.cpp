@@ -1,7 +1,7 @@
 // The ConfigMap's config.yaml is accepted by the runtime's own parser (runtime/src/config.h).
 #include <gtest/gtest.h>
 
-#include "config.h"
+#include "worker_config.h"
 #include "controller/desired.h"
 
 using namespace edit::op;
@@ -46,4 +46,32 @@ TEST(RuntimeConfig, ReplicaRecoveryBecomesRuntimeRecovery) {
 
 TEST(RuntimeConfig, EmptySectionsParse) {
   EXPECT_NO_THROW(edit::parseConfig(controller::workerConfigYaml(makeJob({{"image", "i"}, {"model", json::object()}}))));
+}
+
+namespace {
+// The field of checkWorkerConfig's SpecError ("" when the runtime accepts the job).
+std::string refusedField(const json& spec, std::string* message = nullptr) {
+  try {
+    controller::checkWorkerConfig(makeJob(spec));
+  } catch (const api::SpecError& e) {
+    if (message) *message = e.what();
+    return e.field();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(RuntimeConfig, TheOperatorRefusesWhatAWorkerWouldWithTheRuntimesMessage) {
+  std::string msg;
+  EXPECT_EQ(refusedField({{"image", "i"}, {"algorithm", {{"syncSeconds", 100000}}}}, &msg), "spec.algorithm.syncSeconds");
+  EXPECT_NE(msg.find("[0, 86400]"), std::string::npos) << msg;
+  EXPECT_EQ(refusedField({{"image", "i"}, {"algorithm", {{"mode", "sgd"}}}}, &msg), "spec.algorithm.mode");
+  EXPECT_NE(msg.find("one of edit, a-edit, diloco, localsgd, ddp"), std::string::npos) << msg;
+  EXPECT_EQ(refusedField({{"image", "i"}, {"training", {{"steps", 0}}}}), "spec.training.steps");
+  EXPECT_EQ(refusedField({{"image", "i"}, {"algorithm", {{"mode", "a-edit"}}}}), "spec.algorithm.syncSeconds");
+  EXPECT_EQ(refusedField({{"image", "i"}, {"model", {{"preset", "llama-1b"}, {"heads", 3}}}}), "spec.model.heads");
+  EXPECT_EQ(refusedField({{"image", "i"}, {"debug", {{"injectStepDelay", {{"seconds", 7200}}}}}}),
+            "spec.debug.injectStepDelay.seconds");
+  EXPECT_EQ(refusedField({{"image", "i"}, {"algorithm", {{"mode", "a-edit"}, {"syncSeconds", 2}}}}), "");
+  EXPECT_EQ(refusedField({{"image", "i"}}), "");
 }

@@ -1,23 +1,15 @@
 #!/usr/bin/env python3
 """crds/editjob.yaml: names, printer columns, a structural schema with a description on
 every field, valid defaults, CEL rules that name existing fields, transition rules that
-keep every spec field but runPolicy and stragglerPolicy immutable, the worker-config
-sections mirroring runtime/src/config.h (names, nesting, types, defaults), and every
-EDiTJob under examples/ valid against the schema."""
+keep every spec field but runPolicy and stragglerPolicy immutable, and every EDiTJob
+under examples/ valid against the schema. The worker-config sections (model, data,
+training, algorithm, checkpoint, debug) are checked against `edit-train --print-schema`
+by scripts/schema_outputs.py (ctest packaging.crd_worker_schema)."""
 import re
 
 from common import CRD, ROOT, fail, load_yaml, load_yaml_docs
 from openapi_schema import resolve, validate, walk
 
-CONFIG_H = ROOT / "runtime" / "src" / "config.h"
-# spec sections the operator copies into the workers' config file, and the struct each mirrors.
-MIRRORED = ["model", "data", "training", "algorithm", "checkpoint", "debug"]
-# Fields the CRD adds to a mirrored section (resolved by the operator, not by the runtime).
-CRD_ONLY = {"data.pvc", "checkpoint.pvc"}
-# Filled by model.preset: a schema default would override every preset, so none is allowed.
-PRESET_FILLED = {"model." + f for f in ("vocabSize", "dim", "layers", "heads", "ffnDim", "ropeTheta", "normEps", "initStd")}
-CXX_TYPES = {"int64_t": "integer", "int": "integer", "uint64_t": "integer", "double": "number",
-             "bool": "boolean", "std::string": "string"}
 COLUMNS = {"Phase": ".status.phase", "Step": ".status.progress.step", "Loss": ".status.progress.loss",
            "Tokens/s": ".status.progress.tokensPerSecond", "Stragglers": ".status.stragglerCount",
            "Age": ".metadata.creationTimestamp", "Restarts": ".status.restarts", "Message": ".status.message"}
@@ -30,75 +22,6 @@ MUTABLE = {"runPolicy", "stragglerPolicy"}
 IMMUTABLE_INSIDE = {"runPolicy": ["replicaRecovery"]}
 CEL_REQUIRED = {  # schema node -> a word its rules must mention
     "spec": "4096", "spec.algorithm": "syncSeconds", "spec.model": "heads"}
-
-
-def parse_config_h():
-    """{struct: {field: (type, default or None)}} from the plain structs of config.h."""
-    text = re.sub(r"//[^\n]*", "", CONFIG_H.read_text())
-    structs = {}
-    for m in re.finditer(r"struct (\w+) \{(.*?)\n\};", text, re.S):
-        fields = {}
-        for f in re.finditer(r"^\s*([\w:]+)\s+(\w+)(?:\s*=\s*([^;]+))?;", m.group(2), re.M):
-            fields[f.group(2)] = (f.group(1), f.group(3))
-        structs[m.group(1)] = fields
-    return structs
-
-
-def cxx_value(kind, literal):
-    if literal is None:
-        return {"std::string": "", "bool": False}.get(kind, 0)
-    literal = literal.strip()
-    if kind == "std::string":
-        return literal.strip('"')
-    if kind == "bool":
-        return literal == "true"
-    if kind == "double":
-        return float(literal)
-    return int(literal)
-
-
-def check_mirror(spec, problems):
-    structs = parse_config_h()
-    top = structs["Config"]
-
-    def compare(struct_name, node, path):
-        fields = structs[struct_name]
-        props = node.get("properties") or {}
-        for extra in sorted(set(props) - set(fields)):
-            if f"{path}.{extra}" not in CRD_ONLY:
-                problems.append(f"spec.{path}.{extra}: not in config.h {struct_name}")
-        for name, (kind, literal) in fields.items():
-            where = f"{path}.{name}"
-            if name not in props:
-                problems.append(f"spec.{where}: missing (config.h {struct_name}.{name})")
-                continue
-            sub = props[name]
-            if kind in structs:
-                if sub.get("type") != "object":
-                    problems.append(f"spec.{where}: must be an object like config.h {kind}")
-                else:
-                    compare(kind, sub, where)
-                continue
-            if sub.get("type") != CXX_TYPES.get(kind):
-                problems.append(f"spec.{where}: type {sub.get('type')}, config.h has {kind}")
-            if where in PRESET_FILLED:
-                if "default" in sub:
-                    problems.append(f"spec.{where}: must have no default (the model preset fills it)")
-                continue
-            want = cxx_value(kind, literal)
-            if "default" not in sub:
-                problems.append(f"spec.{where}: no default (config.h: {want!r})")
-            elif sub["default"] != want or isinstance(sub["default"], bool) != isinstance(want, bool):
-                problems.append(f"spec.{where}: default {sub['default']!r}, config.h has {want!r}")
-
-    for section in MIRRORED:
-        kind = top.get(section, (None,))[0]
-        if kind not in structs:
-            problems.append(f"config.h has no section {section}")
-        elif section not in spec["properties"]:
-            problems.append(f"spec.{section}: missing")
-        else:
-            compare(kind, spec["properties"][section], section)
 
 
 def check_structure(schema, problems):
@@ -204,7 +127,6 @@ def check_crd(crd, problems):
             problems.append(f"{node_path}: no CEL rule about {word}")
     check_structure(schema, problems)
     check_immutable(schema["properties"]["spec"], problems)
-    check_mirror(schema["properties"]["spec"], problems)
     return schema
 
 

@@ -169,22 +169,6 @@ PodTemplateOverride parsePodTemplate(const json& spec) {
   return t;
 }
 
-void validateWorkerSections(const EDiTJobSpec& s) {
-  if (auto* mode = field(s.algorithm, "mode")) {
-    require(mode->is_string(), "spec.algorithm.mode", "must be a string");
-    requireOneOf(mode->get<std::string>(), {"edit", "a-edit", "diloco", "localsgd", "ddp"}, "spec.algorithm.mode");
-  }
-  if (field(s.algorithm, "syncInterval"))
-    require(getInt(s.algorithm, "syncInterval", 1, "spec.algorithm") >= 1, "spec.algorithm.syncInterval", "must be >= 1");
-  if (field(s.training, "steps"))
-    require(getInt(s.training, "steps", 1, "spec.training") >= 0, "spec.training.steps", "must be >= 0");
-  for (const char* key : {"seqLen", "batchSize"})
-    if (field(s.data, key))
-      require(getInt(s.data, key, 1, "spec.data") >= 1, std::string("spec.data.") + key, "must be >= 1");
-  if (field(s.checkpoint, "everySteps"))
-    require(getInt(s.checkpoint, "everySteps", 0, "spec.checkpoint") >= 0, "spec.checkpoint.everySteps", "must be >= 0");
-}
-
 }  // namespace
 
 std::string EDiTJobSpec::mode() const {
@@ -256,7 +240,7 @@ EDiTJobSpec parseSpec(const json& obj) {
   s.algorithm = getObject(spec, "algorithm", p);
   s.checkpoint = getObject(spec, "checkpoint", p);
   s.debug = getObject(spec, "debug", p);
-  validateWorkerSections(s);
+  // The worker sections are checked by the runtime's own parser (controller::checkWorkerConfig).
   s.podTemplate = parsePodTemplate(spec);
   s.runPolicy = parseRunPolicy(spec);
   s.stragglerPolicy = parseStragglerPolicy(spec);

@@ -1,5 +1,7 @@
 #include "controller/desired.h"
 
+#include "worker_config.h"
+
 #include <openssl/rand.h>
 #include <yaml-cpp/yaml.h>
 
@@ -117,6 +119,18 @@ std::string workerConfigYaml(const JobRef& job) {
   YAML::Emitter out;
   out << toYaml(cfg);
   return std::string(out.c_str()) + "\n";
+}
+
+void checkWorkerConfig(const JobRef& job) {
+  try {
+    edit::parseConfig(workerConfigYaml(job));
+  } catch (const edit::ConfigError& e) {
+    // "algorithm.syncSeconds: must be ..." -> field spec.algorithm.syncSeconds.
+    const std::string msg = e.what();
+    const size_t colon = msg.find(": ");
+    if (colon == std::string::npos) throw api::SpecError("spec", msg);
+    throw api::SpecError("spec." + msg.substr(0, colon), msg.substr(colon + 2));
+  }
 }
 
 json desiredConfigMap(const JobRef& job) {
@@ -254,6 +268,9 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
                     {"securityContext", containerSecurity},
                     {"ports", json::array({{{"name", "master"}, {"containerPort", s.masterPort}, {"protocol", "TCP"}},
                                            {{"name", "metrics"}, {"containerPort", kWorkerMetricsPort}, {"protocol", "TCP"}}})}};
+  // edit-train writes why it failed to /dev/termination-log; a worker that dies before it
+  // can (a custom command, a crash) still leaves the tail of its log in the pod's status.
+  container["terminationMessagePolicy"] = "FallbackToLogsOnError";
   if (!s.args.empty()) container["args"] = s.args;
   if (!s.imagePullPolicy.empty()) container["imagePullPolicy"] = s.imagePullPolicy;
   if (!resources.empty()) container["resources"] = resources;

@@ -51,6 +51,10 @@ json ownerReference(const api::JobMeta& meta);
 // The worker YAML (runtime/src/config.h structure) from spec.model/data/training/
 // algorithm/checkpoint/debug; volume claims become mount paths.
 std::string workerConfigYaml(const JobRef& job);
+// Runs the runtime's own parser (common/src/worker_config.h) on that YAML, so that a job the
+// CRD admits but a worker would refuse (exit 2) fails before any pod starts; throws
+// api::SpecError naming the spec field and the allowed values.
+void checkWorkerConfig(const JobRef& job);
 json desiredConfigMap(const JobRef& job);
 json desiredSecret(const JobRef& job, const std::string& token);
 json desiredService(const JobRef& job);

@@ -181,6 +181,7 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
   try {
     in.spec = api::parseSpec(*jobObj);
     api::validateName(meta.name, in.spec->worldSize());
+    checkWorkerConfig(JobRef{meta, *in.spec});
   } catch (const api::SpecError& e) {
     in.spec.reset();
     in.specError = e.what();

@@ -8,7 +8,12 @@
 #include <sstream>
 #include <string>
 
-#include "config.h"
+#include <yaml-cpp/yaml.h>
+
+#include <functional>
+#include <vector>
+
+#include "worker_config.h"
 
 // The repository root: from CMake, else derived from this file's path.
 #ifndef EDIT_SOURCE_DIR
@@ -308,4 +313,89 @@ TEST(Config, BadInputCorpus) {
   }
   closedir(d);
   EXPECT_GE(files, 10);
+}
+
+// --- the schema (edit-train --print-schema; the CRD is checked against it) ------------
+
+namespace {
+// The leaf at "a.b.c" of the printed schema (JSON is YAML: yaml-cpp reads it).
+YAML::Node schemaLeaf(const YAML::Node& root, const std::string& path) {
+  YAML::Node n = root;
+  std::stringstream ss(path);
+  // reset(), not =: assigning a yaml-cpp node overwrites the node it refers to.
+  for (std::string seg; std::getline(ss, seg, '.');) n.reset(n["properties"][seg]);
+  return n;
+}
+}  // namespace
+
+TEST(ConfigSchema, EveryKeyAndSectionHasADescription) {
+  EXPECT_EQ(edit::undocumentedConfigKeys(), std::vector<std::string>{});
+}
+
+TEST(ConfigSchema, PrintsEveryKeyWithItsRangeEnumAndDefault) {
+  const YAML::Node root = YAML::Load(edit::workerConfigSchemaJson());
+  // The rows of issue 16's table: the schema says what the parser enforces.
+  auto syncSeconds = schemaLeaf(root, "algorithm.syncSeconds");
+  EXPECT_EQ(syncSeconds["type"].as<std::string>(), "number");
+  EXPECT_EQ(syncSeconds["maximum"].as<double>(), 86400);
+  EXPECT_EQ(errorOf("algorithm: {syncSeconds: 100000}").rfind("algorithm.syncSeconds: must be", 0), 0u);
+  auto steps = schemaLeaf(root, "training.steps");
+  EXPECT_EQ(steps["minimum"].as<int64_t>(), 1);
+  EXPECT_EQ(steps["default"].as<int64_t>(), Config{}.training.steps);
+  EXPECT_EQ(schemaLeaf(root, "debug.injectStepDelay.seconds")["maximum"].as<double>(), 3600);
+  auto mode = schemaLeaf(root, "algorithm.mode");
+  std::vector<std::string> modes;
+  for (const auto& m : mode["enum"]) modes.push_back(m.as<std::string>());
+  EXPECT_EQ(modes, (std::vector<std::string>{"edit", "a-edit", "diloco", "localsgd", "ddp"}));
+  for (const auto& m : modes) EXPECT_EQ(errorOf("algorithm: {mode: " + m + ", syncSeconds: 1}"), "") << m;
+  auto lr = schemaLeaf(root, "training.lr");
+  EXPECT_TRUE(lr["exclusiveMinimum"].as<bool>());
+  EXPECT_NE(errorOf("training: {lr: 0}"), "");
+  // Preset-filled sizes have no default (a default would override the preset).
+  EXPECT_FALSE(schemaLeaf(root, "model.dim")["default"].IsDefined());
+  EXPECT_EQ(schemaLeaf(root, "model.vocabSize")["default"].as<int64_t>(), 256);
+  EXPECT_EQ(schemaLeaf(root, "data.train")["minLength"].as<int>(), 1);
+  // Cross-field rules travel as CEL on their section.
+  auto rules = root["properties"]["algorithm"]["x-kubernetes-validations"];
+  ASSERT_TRUE(rules.IsSequence());
+  EXPECT_NE(rules[0]["rule"].as<std::string>().find("syncSeconds"), std::string::npos);
+}
+
+TEST(ConfigSchema, EveryParsedKeyIsInTheSchemaWithItsDefault) {
+  const YAML::Node root = YAML::Load(edit::workerConfigSchemaJson());
+  // --print-config's keys (the parser's table) against the schema's leaves, both ways.
+  const YAML::Node dump = YAML::Load(edit::toYaml(Config{}));
+  int leaves = 0;
+  std::function<void(const YAML::Node&, const YAML::Node&, const std::string&)> walk =
+      [&](const YAML::Node& d, const YAML::Node& s, const std::string& path) {
+        ASSERT_TRUE(s["properties"].IsMap()) << path;
+        EXPECT_EQ(d.size(), s["properties"].size()) << path;
+        for (const auto& kv : d) {
+          const std::string key = kv.first.as<std::string>();
+          const std::string p = path.empty() ? key : path + "." + key;
+          const YAML::Node sub = s["properties"][key];
+          ASSERT_TRUE(sub.IsDefined()) << p << " is not in the schema";
+          if (kv.second.IsMap()) {
+            walk(kv.second, sub, p);
+            continue;
+          }
+          ++leaves;
+          EXPECT_FALSE(sub["description"].as<std::string>().empty()) << p;
+          if (sub["default"].IsDefined())
+            EXPECT_EQ(sub["default"].as<std::string>(), kv.second.as<std::string>()) << p;
+        }
+      };
+  walk(dump, root, "");
+  EXPECT_GT(leaves, 70);
+}
+
+TEST(ConfigSchema, CrossFieldRulesRunOnceAfterTheLastOverride) {
+  // a-edit without syncSeconds is invalid alone; an override after the file makes it valid.
+  Config c = edit::parseConfig("algorithm: {mode: a-edit}\n", false);
+  edit::applyOverrides(c, {"algorithm.syncSeconds=2.5"}, false);
+  EXPECT_NO_THROW(edit::validate(c));
+  EXPECT_DOUBLE_EQ(c.algorithm.syncSeconds, 2.5);
+  // Checked by default, and a key's own range is checked as it is set either way.
+  EXPECT_THROW(edit::parseConfig("algorithm: {mode: a-edit}\n"), ConfigError);
+  EXPECT_THROW(edit::parseConfig("algorithm: {syncSeconds: -1}\n", false), ConfigError);
 }

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "comm.h"
-#include "config.h"
+#include "worker_config.h"
 #include "data.h"
 
 namespace edit::test {

@@ -184,23 +184,34 @@ struct Config {
 // Parses YAML text. Unknown keys, wrong types and out-of-range values throw ConfigError
 // naming the key path (e.g. "algorithm.penalty.zThreshold") and the allowed range.
 // A model preset fills the model sizes; explicit sizes next to a preset override it.
-Config parseConfig(const std::string& yamlText);
-Config loadConfigFile(const std::string& path);
+// check = false leaves the cross-field checks (validate()) to the caller: a program that
+// applies overrides next validates once, after the last one, so that a file made valid
+// by an override is accepted.
+Config parseConfig(const std::string& yamlText, bool check = true);
+Config loadConfigFile(const std::string& path, bool check = true);
 
 // Applies "a.b.c=value" overrides (command line --set, or EDIT_SET="k=v;k=v"), with the
 // same validation as the file.
-void applyOverrides(Config& cfg, const std::vector<std::string>& assignments);
+void applyOverrides(Config& cfg, const std::vector<std::string>& assignments, bool check = true);
 
 // Reads EDIT_SET and the single-purpose variables (EDIT_TELEMETRY_ADDR,
 // EDIT_TELEMETRY_TOKEN, EDIT_TELEMETRY_CA_FILE, EDIT_TELEMETRY_SERVER_NAME,
 // EDIT_CHECKPOINT_DIR, EDIT_METRICS_PORT) from the environment.
-void applyEnvironment(Config& cfg);
+void applyEnvironment(Config& cfg, bool check = true);
 
 // Cross-field checks (e.g. a-edit needs syncSeconds > 0; heads divide dim).
 void validate(const Config& cfg);
 
 // The configuration back as YAML (for logs, checkpoints and the operator's ConfigMap).
 std::string toYaml(const Config& cfg);
+
+// The one schema of the worker configuration as JSON (OpenAPI v3, structural: what a CRD
+// holds): every key's type, range, enum, default and description, and each section's
+// description and cross-field rules as CEL. `edit-train --print-schema` prints it; the
+// CRD's worker sections are checked against it (tests/packaging/check_crd.py).
+std::string workerConfigSchemaJson();
+// Keys and sections without a description (a unit test keeps this empty).
+std::vector<std::string> undocumentedConfigKeys();
 
 // Fills model sizes from a preset name; throws ConfigError for an unknown one.
 void applyModelPreset(ModelConfig& m, const std::string& preset);

@@ -1,6 +1,6 @@
 // YAML run configuration: one table of fields (path, rule, storage) drives parsing,
 // overrides, validation and emission, so the four can never disagree on a key.
-#include "config.h"
+#include "worker_config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -102,6 +103,7 @@ struct Field {
   Kind kind;
   void* ptr;
   Rule rule;
+  const char* doc;  // the description users read (--print-schema, the CRD)
 
   std::string describe() const {
     if (!rule.text.empty()) return rule.text;
@@ -225,106 +227,306 @@ struct Field {
 // before the model sizes so that explicit sizes next to it override it.
 std::vector<Field> fieldsOf(Config& c) {
   std::vector<Field> f;
-  auto I = [&](const char* p, int64_t& v, Rule r) { f.push_back({p, Kind::I64, &v, r}); };
-  auto N = [&](const char* p, int& v, Rule r) { f.push_back({p, Kind::I32, &v, r}); };
-  auto U = [&](const char* p, uint64_t& v) { f.push_back({p, Kind::U64, &v, none()}); };
-  auto D = [&](const char* p, double& v, Rule r) { f.push_back({p, Kind::F64, &v, r}); };
-  auto B = [&](const char* p, bool& v) { f.push_back({p, Kind::Bool, &v, none()}); };
-  auto S = [&](const char* p, std::string& v, Rule r) { f.push_back({p, Kind::Str, &v, r}); };
+  using Doc = const char*;
+  auto I = [&](const char* p, int64_t& v, Rule r, Doc d) { f.push_back({p, Kind::I64, &v, r, d}); };
+  auto N = [&](const char* p, int& v, Rule r, Doc d) { f.push_back({p, Kind::I32, &v, r, d}); };
+  auto U = [&](const char* p, uint64_t& v, Doc d) { f.push_back({p, Kind::U64, &v, none(), d}); };
+  auto D = [&](const char* p, double& v, Rule r, Doc d) { f.push_back({p, Kind::F64, &v, r, d}); };
+  auto B = [&](const char* p, bool& v, Doc d) { f.push_back({p, Kind::Bool, &v, none(), d}); };
+  auto S = [&](const char* p, std::string& v, Rule r, Doc d) { f.push_back({p, Kind::Str, &v, r, d}); };
   auto& m = c.model;
-  S("model.preset", m.preset, oneOf(kPresets));
-  I("model.vocabSize", m.vocabSize, ints(2, 1 << 24));
-  I("model.dim", m.dim, ints(1, 65536));
-  I("model.layers", m.layers, ints(1, 1024));
-  I("model.heads", m.heads, ints(1, 1024));
-  I("model.ffnDim", m.ffnDim, ints(1, 1 << 20));
-  D("model.ropeTheta", m.ropeTheta, positive());
-  D("model.normEps", m.normEps, nums(0, 1, true, true));
-  D("model.initStd", m.initStd, nums(0, 1, true, false));
+  S("model.preset", m.preset, oneOf(kPresets),
+    "Named model size. tiny (vocabSize 256, dim 128, 4 layers, 4 heads, ffnDim 352) "
+    "trains on a laptop CPU; custom takes every size from the fields below.");
+  I("model.vocabSize", m.vocabSize, ints(2, 1 << 24),
+    "Vocabulary size (256 for the byte-level tokenizer; presets do not change it).");
+  I("model.dim", m.dim, ints(1, 65536), "Hidden size. Default from the preset.");
+  I("model.layers", m.layers, ints(1, 1024), "Number of transformer blocks. Default from the preset.");
+  I("model.heads", m.heads, ints(1, 1024), "Attention heads; must divide dim. Default from the preset.");
+  I("model.ffnDim", m.ffnDim, ints(1, 1 << 20),
+    "Inner size of the SwiGLU feed-forward block. Default from the preset.");
+  D("model.ropeTheta", m.ropeTheta, positive(),
+    "Base of the rotary position embedding frequencies (10000 by default).");
+  D("model.normEps", m.normEps, nums(0, 1, true, true), "Epsilon of RMSNorm (1e-5 by default).");
+  D("model.initStd", m.initStd, nums(0, 1, true, false),
+    "Standard deviation of the initial weights (0.02 by default).");
   auto& d = c.data;
-  S("data.train", d.train, str(kMaxPath, true));
-  S("data.val", d.val, str(kMaxPath));
-  I("data.seqLen", d.seqLen, ints(1, 1 << 20));
-  I("data.batchSize", d.batchSize, ints(1, 1 << 20));
-  I("data.valBatches", d.valBatches, ints(0, 1 << 20));
-  I("data.valEvery", d.valEvery, ints(0));
+  S("data.train", d.train, str(kMaxPath, true),
+    "Token file for training (llm.c or nanoGPT format, from edit-data). A relative "
+    "path is resolved under the data PVC's mount when pvc is set.");
+  S("data.val", d.val, str(kMaxPath), "Token file for validation; empty disables validation.");
+  I("data.seqLen", d.seqLen, ints(1, 1 << 20), "Tokens per sequence.");
+  I("data.batchSize", d.batchSize, ints(1, 1 << 20), "Sequences per rank per step.");
+  I("data.valBatches", d.valBatches, ints(0, 1 << 20), "Batches per validation pass.");
+  I("data.valEvery", d.valEvery, ints(0), "Steps between validation passes; 0 validates only at the end.");
   auto& t = c.training;
-  I("training.steps", t.steps, ints(1, int64_t(1) << 40));
-  I("training.tokens", t.tokens, ints(0));
-  U("training.seed", t.seed);
-  D("training.lr", t.lr, nums(0, 100, true, false));
-  D("training.minLr", t.minLr, nums(0, 100, false, false));
-  I("training.lrWarmupSteps", t.lrWarmupSteps, ints(0));
-  D("training.weightDecay", t.weightDecay, nums(0, 100, false, false));
-  D("training.beta1", t.beta1, nums(0, 1, false, true));
-  D("training.beta2", t.beta2, nums(0, 1, false, true));
-  D("training.eps", t.eps, nums(0, 1, true, false));
-  D("training.gradClip", t.gradClip, nonNegative());
-  I("training.logEvery", t.logEvery, ints(1));
+  I("training.steps", t.steps, ints(1, int64_t(1) << 40),
+    "Steps per replica (EDiT and the baselines). For A-EDiT the job's budget is "
+    "replicas * steps, shared among fast and slow replicas.");
+  I("training.tokens", t.tokens, ints(0), "Alternative budget in tokens over all ranks; 0 uses steps.");
+  U("training.seed", t.seed, "Seed of initialization and data order (identical on every rank).");
+  D("training.lr", t.lr, nums(0, 10, true, false), "Peak learning rate of the inner AdamW.");
+  D("training.minLr", t.minLr, nums(0, 10, false, false), "Learning rate the cosine schedule decays to.");
+  I("training.lrWarmupSteps", t.lrWarmupSteps, ints(0), "Linear learning-rate warm-up steps.");
+  D("training.weightDecay", t.weightDecay, nums(0, 10, false, false),
+    "Decoupled weight decay, applied to matrices only.");
+  D("training.beta1", t.beta1, nums(0, 1, false, true), "AdamW first-moment coefficient.");
+  D("training.beta2", t.beta2, nums(0, 1, false, true), "AdamW second-moment coefficient.");
+  D("training.eps", t.eps, nums(0, 1, true, false), "AdamW denominator epsilon.");
+  D("training.gradClip", t.gradClip, nonNegative(),
+    "Global gradient-norm clip of each inner step; 0 turns it off.");
+  I("training.logEvery", t.logEvery, ints(1), "Steps between log lines of rank 0.");
   auto& a = c.algorithm;
-  S("algorithm.mode", a.mode, oneOf(kModes));
-  I("algorithm.syncInterval", a.syncInterval, ints(1, 1 << 30));
-  D("algorithm.syncSeconds", a.syncSeconds, nums(0, 86400, false, false));
-  I("algorithm.minStepsPerSync", a.minStepsPerSync, ints(0, 1 << 30));
-  I("algorithm.maxStepsPerSync", a.maxStepsPerSync, ints(0, 1 << 30));
-  I("algorithm.warmupSteps", a.warmupSteps, ints(0));
-  D("algorithm.outer.lr", a.outer.lr, nums(0, 100, true, false));
+  S("algorithm.mode", a.mode, oneOf(kModes),
+    "edit: layer-wise Local SGD with the pseudo-gradient penalty, synced every "
+    "syncInterval steps. a-edit: the time-based asynchronous variant (syncSeconds). "
+    "diloco: whole-model outer sync. localsgd: post-local SGD (plain averaging). ddp: "
+    "synchronous gradient averaging every step.");
+  I("algorithm.syncInterval", a.syncInterval, ints(1, 1 << 30),
+    "Local steps between synchronizations (tau).");
+  D("algorithm.syncSeconds", a.syncSeconds, nums(0, 86400, false, false),
+    "A-EDiT only (required there, > 0) - wall time between synchronizations.");
+  I("algorithm.minStepsPerSync", a.minStepsPerSync, ints(0, 1 << 30),
+    "A-EDiT - a sync window with fewer local steps than this is skipped.");
+  I("algorithm.maxStepsPerSync", a.maxStepsPerSync, ints(0, 1 << 30),
+    "A-EDiT - force a sync after this many local steps; 0 sets no cap.");
+  I("algorithm.warmupSteps", a.warmupSteps, ints(0),
+    "Synchronous (ddp-style) steps before local training starts.");
+  D("algorithm.outer.lr", a.outer.lr, nums(0, 10, true, false), "Outer learning rate.");
   Rule momentum = nums(-1, 1, false, true);  // and not in (-1, 0): validate()
   momentum.text = "-1 (the mode's default) or a number in [0, 1)";
-  D("algorithm.outer.momentum", a.outer.momentum, momentum);
-  B("algorithm.outer.nesterov", a.outer.nesterov);
+  D("algorithm.outer.momentum", a.outer.momentum, momentum,
+    "Outer momentum; -1 takes the mode's published default (0.8 for edit and a-edit, "
+    "0.9 for diloco). An explicit value applies to every mode but localsgd (plain "
+    "averaging).");
+  B("algorithm.outer.nesterov", a.outer.nesterov, "Use Nesterov momentum.");
   auto& p = a.penalty;
-  B("algorithm.penalty.anomaly", p.anomaly);
-  D("algorithm.penalty.emaAlpha", p.emaAlpha, nums(0, 1, true, true));
-  D("algorithm.penalty.zThreshold", p.zThreshold, positive());
-  I("algorithm.penalty.anomalyWarmup", p.anomalyWarmup, ints(0));
-  B("algorithm.penalty.weighted", p.weighted);
-  D("algorithm.penalty.temperature", p.temperature, positive());
-  S("algorithm.penalty.weighting", p.weighting, oneOf(kWeightings));
-  B("algorithm.penalty.clip", p.clip);
-  D("algorithm.penalty.clipNorm", p.clipNorm, positive());
-  D("algorithm.penalty.stepShare", p.stepShare, nums(0, 1, false, false));
-  I("algorithm.penalty.maxSkippedRounds", p.maxSkippedRounds, ints(0));
-  B("algorithm.prefetch", a.prefetch);
-  B("algorithm.offloadOuterState", a.offloadOuterState);
+  B("algorithm.penalty.anomaly", p.anomaly,
+    "Drop a replica's pseudo-gradient whose norm is an EWMA z-score outlier.");
+  D("algorithm.penalty.emaAlpha", p.emaAlpha, nums(0, 1, true, true),
+    "EWMA coefficient of the norm statistics.");
+  D("algorithm.penalty.zThreshold", p.zThreshold, positive(),
+    "z-score over which a norm is an anomaly (one-sided).");
+  I("algorithm.penalty.anomalyWarmup", p.anomalyWarmup, ints(0),
+    "EWMA updates before the z-test is trusted.");
+  B("algorithm.penalty.weighted", p.weighted,
+    "Weight replicas by softmax(-norm / temperature) instead of a plain mean.");
+  D("algorithm.penalty.temperature", p.temperature, positive(), "Temperature of the softmax weights.");
+  S("algorithm.penalty.weighting", p.weighting, oneOf(kWeightings),
+    "raw - softmax(-g/T) of the replicas' norms g (the paper); median - softmax(-g/(T "
+    "median g)), which does not depend on the unit's size.");
+  B("algorithm.penalty.clip", p.clip, "Clip the averaged pseudo-gradient to clipNorm.");
+  D("algorithm.penalty.clipNorm", p.clipNorm, positive(), "Norm bound of the averaged pseudo-gradient.");
+  D("algorithm.penalty.stepShare", p.stepShare, nums(0, 1, false, false),
+    "A-EDiT - how much each replica's share of steps since the last sync counts in "
+    "its weight.");
+  I("algorithm.penalty.maxSkippedRounds", p.maxSkippedRounds, ints(0),
+    "Fail the job (reason TrainingStalled) when a unit's outer step was skipped this "
+    "many sync rounds in a row because every replica was anomalous; 0 never fails.");
+  B("algorithm.prefetch", a.prefetch,
+    "Overlap the next unit's sync and all-gather with this unit's compute.");
+  B("algorithm.offloadOuterState", a.offloadOuterState,
+    "Keep outer weights and momentum in host memory (GPU only).");
   auto& k = c.checkpoint;
-  S("checkpoint.dir", k.dir, str(kMaxPath));
-  I("checkpoint.everySteps", k.everySteps, ints(0));
-  I("checkpoint.keep", k.keep, ints(1, 1000));
-  B("checkpoint.resume", k.resume);
-  S("metrics.host", c.metrics.host, str(kMaxHost, true));
-  N("metrics.port", c.metrics.port, ints(-1, 65535));
-  S("telemetry.addr", c.telemetry.addr, str(kMaxHost + 6));
-  S("telemetry.token", c.telemetry.token, str(kMaxPath, false, true));
-  I("telemetry.everySteps", c.telemetry.everySteps, ints(1));
-  D("telemetry.heartbeatSeconds", c.telemetry.heartbeatSeconds, nums(0, 3600, false, false));
-  S("telemetry.tlsCaFile", c.telemetry.tlsCaFile, str(kMaxPath));
-  S("telemetry.tlsServerName", c.telemetry.tlsServerName, str(kMaxHost));
+  S("checkpoint.dir", k.dir, str(kMaxPath),
+    "Checkpoint directory; empty disables checkpoints unless pvc is set. A relative "
+    "or empty dir is resolved under the checkpoint PVC's mount.");
+  I("checkpoint.everySteps", k.everySteps, ints(0),
+    "Steps between checkpoints; 0 writes one only on SIGTERM and at the end.");
+  I("checkpoint.keep", k.keep, ints(1, 1000), "Newest complete checkpoints kept.");
+  B("checkpoint.resume", k.resume, "Resume from the newest complete checkpoint in dir.");
+  S("metrics.host", c.metrics.host, str(kMaxHost, true),
+    "Address the worker's /metrics endpoint listens on.");
+  N("metrics.port", c.metrics.port, ints(-1, 65535),
+    "Port of the worker's /metrics endpoint; -1 serves none, 0 picks a free port.");
+  S("telemetry.addr", c.telemetry.addr, str(kMaxHost + 6),
+    "The operator's gRPC telemetry endpoint, host:port; empty sends no telemetry (env "
+    "EDIT_TELEMETRY_ADDR).");
+  S("telemetry.token", c.telemetry.token, str(kMaxPath, false, true),
+    "The job's telemetry token (env EDIT_TELEMETRY_TOKEN); never logged or printed.");
+  I("telemetry.everySteps", c.telemetry.everySteps, ints(1), "Steps between two telemetry reports.");
+  D("telemetry.heartbeatSeconds", c.telemetry.heartbeatSeconds, nums(0, 3600, false, false),
+    "Resend the last report after this long without one, so the operator tells a "
+    "stopped worker from one waiting in a collective; 0 never resends.");
+  S("telemetry.tlsCaFile", c.telemetry.tlsCaFile, str(kMaxPath),
+    "PEM CA bundle that verifies the operator's certificate; set, telemetry uses TLS "
+    "and never falls back to plaintext.");
+  S("telemetry.tlsServerName", c.telemetry.tlsServerName, str(kMaxHost),
+    "Name checked in the operator's certificate instead of the host of addr; needs "
+    "tlsCaFile.");
   auto& sd = c.debug.injectStepDelay;
-  N("debug.injectStepDelay.rank", sd.rank, ints(-1, 1 << 20));
-  D("debug.injectStepDelay.seconds", sd.seconds, nums(0, 3600, false, false));
-  B("debug.injectStepDelay.random", sd.random);
+  N("debug.injectStepDelay.rank", sd.rank, ints(-1, 1 << 20), "Rank to slow down; -1 slows none.");
+  D("debug.injectStepDelay.seconds", sd.seconds, nums(0, 3600, false, false), "Extra seconds per step.");
+  B("debug.injectStepDelay.random", sd.random,
+    "Slow a random rank each step (chosen from the seed and step).");
   auto& cr = c.debug.corruptReplica;
-  N("debug.corruptReplica.replica", cr.replica, ints(-1, 1 << 20));
-  I("debug.corruptReplica.atSync", cr.atSync, ints(1));
-  S("debug.corruptReplica.kind", cr.kind, oneOf(kCorruptKinds));
-  D("debug.corruptReplica.scale", cr.scale, nums(0, 1e6, false, false));
-  B("debug.corruptReplica.nan", cr.nan);
-  I("debug.corruptReplica.rounds", cr.rounds, ints(1, 1 << 30));
-  I("debug.corruptReplica.every", cr.every, ints(1, 1 << 30));
-  N("debug.killAtStep.rank", c.debug.killAtStep.rank, ints(-1, 1 << 20));
-  I("debug.killAtStep.step", c.debug.killAtStep.step, ints(0));
-  N("runtime.threads", c.runtime.threads, ints(0, 4096));
+  N("debug.corruptReplica.replica", cr.replica, ints(-1, 1 << 20),
+    "Replica whose weights get noise; -1 corrupts none.");
+  I("debug.corruptReplica.atSync", cr.atSync, ints(1),
+    "Sync round (1-based) before which the noise is added.");
+  S("debug.corruptReplica.kind", cr.kind, oneOf(kCorruptKinds),
+    "noise - add noise of standard deviation scale x the weights' RMS; pseudoGradient "
+    "- multiply the replica's pseudo-gradient by scale.");
+  D("debug.corruptReplica.scale", cr.scale, nums(0, 1e6, false, false),
+    "Noise standard deviation relative to the weights' RMS, or the pseudo-gradient "
+    "factor.");
+  B("debug.corruptReplica.nan", cr.nan, "Write a NaN instead.");
+  I("debug.corruptReplica.rounds", cr.rounds, ints(1, 1 << 30),
+    "Number of sync rounds corrupted - atSync, atSync + every, ...");
+  I("debug.corruptReplica.every", cr.every, ints(1, 1 << 30), "Sync rounds between two corrupted ones.");
+  N("debug.killAtStep.rank", c.debug.killAtStep.rank, ints(-1, 1 << 20),
+    "Rank that kills itself; -1 kills none.");
+  I("debug.killAtStep.step", c.debug.killAtStep.step, ints(0),
+    "Step at whose start it dies; a replacement pod (EDIT_JOIN=1) never does.");
+  N("runtime.threads", c.runtime.threads, ints(0, 4096),
+    "Intra-op threads per worker; 0 divides the cores among the local workers.");
   D("runtime.collectiveTimeoutSeconds", c.runtime.collectiveTimeoutSeconds,
-    nums(0, 7 * 86400, true, false));
-  S("runtime.backend", c.runtime.backend, oneOf(kBackends));
-  S("runtime.recovery", c.runtime.recovery, oneOf(kRecoveryModes));
+    nums(0, 7 * 86400, true, false),
+    "A collective that takes longer fails (a peer is gone).");
+  S("runtime.backend", c.runtime.backend, oneOf(kBackends),
+    "Process-group backend - auto picks nccl on a GPU and gloo on a CPU.");
+  S("runtime.recovery", c.runtime.recovery, oneOf(kRecoveryModes),
+    "When a peer dies in a local phase - inPlace waits for its replacement and "
+    "re-forms the groups; exit exits 75 so the whole gang restarts from the newest "
+    "checkpoint.");
   D("runtime.rendezvousTimeoutSeconds", c.runtime.rendezvousTimeoutSeconds,
-    nums(1, 7 * 86400, true, false));
-  B("runtime.reshardAfterForward", c.runtime.reshardAfterForward);
-  I("runtime.allocatorCacheMB", c.runtime.allocatorCacheMB, ints(0, 1 << 20));
-  I("runtime.bucketMB", c.runtime.bucketMB, ints(0, 1 << 16));
+    nums(1, 7 * 86400, true, false),
+    "How long ranks wait for each other to form (or re-form) the process groups.");
+  B("runtime.reshardAfterForward", c.runtime.reshardAfterForward,
+    "ZeRO-3 - free a unit's gathered parameters after its forward and gather them "
+    "again for its backward; false keeps them to the backward (less communication, "
+    "more memory).");
+  I("runtime.allocatorCacheMB", c.runtime.allocatorCacheMB, ints(0, 1 << 20),
+    "CPU blocks of 64 KiB to 64 MiB kept for reuse by the next step instead of going "
+    "back to the OS; 0 turns the caching allocator off.");
+  I("runtime.bucketMB", c.runtime.bucketMB, ints(0, 1 << 16),
+    "Gradient slices of neighbouring units all-reduced as one collective (ddp and the "
+    "warm-up), up to this size; 0 sends one per unit.");
   return f;
+}
+
+// Each section's description and the cross-field rules the runtime checks in validate(),
+// as the CEL rules the CRD must carry (the API server rejects what the runtime would; the
+// operator then runs the parser itself). The top-level sections metrics, telemetry and
+// runtime are set by the operator or the launcher, not by an EDiTJob.
+struct SectionDoc {
+  const char* path;
+  const char* doc;
+  std::vector<std::pair<const char*, const char*>> rules;  // (CEL, message)
+};
+
+const std::vector<SectionDoc>& sectionDocs() {
+  static const std::vector<SectionDoc> k = {
+      {"model",
+       "The transformer (Llama-style: RMSNorm, RoPE, SwiGLU). A preset fills the sizes; an explicit "
+       "size next to a preset overrides it.",
+       {{"!has(self.dim) || !has(self.heads) || self.dim % self.heads == 0", "heads must divide dim"},
+        {"!has(self.dim) || !has(self.heads) || self.dim % self.heads != 0 || (self.dim / self.heads) % 2 == 0",
+         "dim / heads must be even (rotary embeddings)"}}},
+      {"data", "Training data (token files) and batch shape.", {}},
+      {"training", "Budget, inner optimizer (AdamW) and schedule of every replica.",
+       {{"self.minLr <= self.lr", "minLr must not exceed lr"}}},
+      {"algorithm", "Training algorithm and its synchronization, outer optimizer and penalty.",
+       {{"self.mode != 'a-edit' || (has(self.syncSeconds) && self.syncSeconds > 0.0)",
+         "mode a-edit needs syncSeconds > 0"},
+        {"!has(self.maxStepsPerSync) || self.maxStepsPerSync == 0 || self.maxStepsPerSync >= self.minStepsPerSync",
+         "maxStepsPerSync must be 0 (no cap) or at least minStepsPerSync"},
+        {"!has(self.outer) || !has(self.outer.momentum) || self.outer.momentum == -1.0 || self.outer.momentum >= 0.0",
+         "outer.momentum must be -1 (the mode's default) or in [0, 1)"}}},
+      {"algorithm.outer", "Outer optimizer - Nesterov SGD applied to the averaged pseudo-gradient.", {}},
+      {"algorithm.penalty",
+       "Pseudo-gradient penalty against loss spikes - anomaly elimination, weighted averaging over "
+       "replicas and clipping.",
+       {}},
+      {"checkpoint", "Checkpoints, used to restart the job after a failure.", {}},
+      {"metrics", "The worker's Prometheus endpoint.", {}},
+      {"telemetry", "Reports to the operator (progress, step times, heartbeats) over gRPC.", {}},
+      {"debug", "Fault injection for tests and benchmarks. Leave unset in production.", {}},
+      {"debug.injectStepDelay", "Slow one rank down (an artificial straggler).", {}},
+      {"debug.corruptReplica", "Corrupt one replica's weights before sync rounds (tests the penalty).", {}},
+      {"debug.killAtStep", "Kill one worker with SIGKILL at a given step (tests failure recovery).", {}},
+      {"runtime", "Process groups, threads, memory and recovery of the worker process.", {}},
+  };
+  return k;
+}
+
+// Sizes a preset sets (applyModelPreset): no schema default, or it would override the preset.
+bool presetFilled(const std::string& path) {
+  return path == "model.dim" || path == "model.layers" || path == "model.heads" || path == "model.ffnDim";
+}
+
+std::string jsonString(const std::string& v) {
+  std::string o = "\"";
+  for (char ch : v) {
+    switch (ch) {
+      case '"': o += "\\\""; break;
+      case '\\': o += "\\\\"; break;
+      case '\n': o += "\\n"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+          o += buf;
+        } else {
+          o += ch;
+        }
+    }
+  }
+  return o + "\"";
+}
+
+// One leaf as an OpenAPI v3 (structural, as in a CRD) property.
+std::string leafSchema(const Field& f) {
+  std::vector<std::string> kv;
+  auto add = [&](const std::string& k, const std::string& v) { kv.push_back(jsonString(k) + ": " + v); };
+  const Rule& r = f.rule;
+  switch (f.kind) {
+    case Kind::Bool: add("type", "\"boolean\""); break;
+    case Kind::U64:
+      add("type", "\"integer\"");
+      add("format", "\"int64\"");
+      add("minimum", "0");
+      break;
+    case Kind::I32:
+    case Kind::I64: {
+      const bool i32 = f.kind == Kind::I32;
+      add("type", "\"integer\"");
+      add("format", i32 ? "\"int32\"" : "\"int64\"");
+      if (r.ilo != std::numeric_limits<int64_t>::min()) add("minimum", std::to_string(r.ilo));
+      if (r.ihi != kI64Max) add("maximum", std::to_string(r.ihi));
+      break;
+    }
+    case Kind::F64:
+      add("type", "\"number\"");
+      if (std::isfinite(r.dlo)) {
+        add("minimum", fmtDouble(r.dlo));
+        if (r.loOpen) add("exclusiveMinimum", "true");
+      }
+      if (std::isfinite(r.dhi)) {
+        add("maximum", fmtDouble(r.dhi));
+        if (r.hiOpen) add("exclusiveMaximum", "true");
+      }
+      break;
+    case Kind::Str:
+      add("type", "\"string\"");
+      if (!r.choices.empty()) {
+        std::string e = "[";
+        for (size_t i = 0; i < r.choices.size(); ++i) e += (i ? ", " : "") + jsonString(r.choices[i]);
+        add("enum", e + "]");
+      } else {
+        if (r.nonEmpty) add("minLength", "1");
+        add("maxLength", std::to_string(r.maxLen));
+      }
+      break;
+  }
+  if (!presetFilled(f.path)) {
+    const std::string v = f.text();
+    add("default", f.kind == Kind::Str ? jsonString(v) : v);
+  }
+  add("description", jsonString(f.doc));
+  std::string o = "{";
+  for (size_t i = 0; i < kv.size(); ++i) o += (i ? ", " : "") + kv[i];
+  return o + "}";
 }
 
 // Field paths and the section paths above them ("algorithm", "algorithm.penalty").
@@ -447,7 +649,7 @@ void applyModelPreset(ModelConfig& m, const std::string& preset) {
   throw ConfigError("model.preset: must be one of " + join(kPresets) + " (got \"" + preset + "\")");
 }
 
-Config parseConfig(const std::string& yamlText) {
+Config parseConfig(const std::string& yamlText, bool check) {
   YAML::Node root;
   try {
     root = YAML::Load(yamlText);
@@ -457,7 +659,7 @@ Config parseConfig(const std::string& yamlText) {
   }
   Config cfg;
   if (root.IsNull()) {
-    validate(cfg);
+    if (check) validate(cfg);
     return cfg;
   }
   if (!root.IsMap())
@@ -466,23 +668,23 @@ Config parseConfig(const std::string& yamlText) {
   std::map<std::string, YAML::Node> values;
   flatten(root, "", values);
   applyFields(cfg, values);
-  validate(cfg);
+  if (check) validate(cfg);
   return cfg;
 }
 
-Config loadConfigFile(const std::string& path) {
+Config loadConfigFile(const std::string& path, bool check) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path + ": cannot open the configuration file");
   std::ostringstream ss;
   ss << in.rdbuf();
   try {
-    return parseConfig(ss.str());
+    return parseConfig(ss.str(), check);
   } catch (const ConfigError& e) {
     throw ConfigError(path + ": " + e.what());
   }
 }
 
-void applyOverrides(Config& cfg, const std::vector<std::string>& assignments) {
+void applyOverrides(Config& cfg, const std::vector<std::string>& assignments, bool check) {
   for (const auto& a : assignments) {
     size_t eq = a.find('=');
     if (eq == std::string::npos)
@@ -510,10 +712,10 @@ void applyOverrides(Config& cfg, const std::vector<std::string>& assignments) {
     std::map<std::string, YAML::Node> values{{path, v}};
     applyFields(cfg, values);
   }
-  validate(cfg);
+  if (check) validate(cfg);
 }
 
-void applyEnvironment(Config& cfg) {
+void applyEnvironment(Config& cfg, bool check) {
   static const std::pair<const char*, const char*> kVars[] = {
       {"EDIT_TELEMETRY_ADDR", "telemetry.addr"},
       {"EDIT_TELEMETRY_TOKEN", "telemetry.token"},
@@ -539,12 +741,12 @@ void applyEnvironment(Config& cfg) {
     for (std::string part; std::getline(in, part, ';');)
       if (!trim(part).empty()) parts.push_back(trim(part));
     try {
-      applyOverrides(cfg, parts);
+      applyOverrides(cfg, parts, false);
     } catch (const ConfigError& e) {
       throw ConfigError(std::string("EDIT_SET: ") + e.what());
     }
   }
-  validate(cfg);
+  if (check) validate(cfg);
 }
 
 void validate(const Config& cfg) {
@@ -623,6 +825,55 @@ std::string toYaml(const Config& cfg) {
   }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+std::string workerConfigSchemaJson() {
+  Config defaults;
+  const auto fields = fieldsOf(defaults);
+  // Sections nest: emit depth-first in the field table's order.
+  std::function<std::string(const std::string&, int)> section = [&](const std::string& path, int indent) {
+    const std::string pad(indent, ' ');
+    std::string o = "{\"type\": \"object\"";
+    for (const auto& sd : sectionDocs()) {
+      if (path != sd.path) continue;
+      o += ", \"description\": " + jsonString(sd.doc);
+      if (!sd.rules.empty()) {
+        o += ", \"x-kubernetes-validations\": [";
+        for (size_t i = 0; i < sd.rules.size(); ++i)
+          o += std::string(i ? ", " : "") + "{\"rule\": " + jsonString(sd.rules[i].first) +
+               ", \"message\": " + jsonString(sd.rules[i].second) + "}";
+        o += "]";
+      }
+    }
+    o += ", \"properties\": {";
+    bool first = true;
+    for (const auto& name : schema().children.at(path)) {
+      const std::string child = path.empty() ? name : path + "." + name;
+      o += std::string(first ? "" : ",") + "\n" + pad + "  " + jsonString(name) + ": ";
+      first = false;
+      if (schema().sections.count(child)) {
+        o += section(child, indent + 2);
+      } else {
+        for (const auto& f : fields)
+          if (f.path == child) o += leafSchema(f);
+      }
+    }
+    return o + "\n" + pad + "}}";
+  };
+  return section("", 0) + "\n";
+}
+
+std::vector<std::string> undocumentedConfigKeys() {
+  Config c;
+  std::vector<std::string> out;
+  for (const auto& f : fieldsOf(c))
+    if (!f.doc || !*f.doc) out.push_back(f.path);
+  for (const auto& s : schema().sections) {
+    bool found = false;
+    for (const auto& sd : sectionDocs()) found |= s == sd.path;
+    if (!found) out.push_back(s);
+  }
+  return out;
 }
 
 }  // namespace edit

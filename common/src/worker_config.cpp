@@ -2,6 +2,8 @@
 // overrides, validation and emission, so the four can never disagree on a key.
 #include "worker_config.h"
 
+#include "modes.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -28,7 +30,7 @@ constexpr size_t kMaxHost = 253;   // DNS name limit
 
 const std::vector<std::string> kPresets = {"tiny",     "small",    "llama-350m", "llama-1b",
                                            "llama-3b", "llama-7b", "custom"};
-const std::vector<std::string> kModes = {"edit", "a-edit", "diloco", "localsgd", "ddp"};
+const std::vector<std::string> kModes = modeNames();
 const std::vector<std::string> kBackends = {"auto", "gloo", "nccl"};
 const std::vector<std::string> kRecoveryModes = {"inPlace", "exit"};
 const std::vector<std::string> kWeightings = {"raw", "median"};
@@ -223,6 +225,16 @@ struct Field {
   void check() const { set(text()); }
 };
 
+// algorithm.mode's description, from the mode table.
+const std::string& modeDoc() {
+  static const std::string doc = [] {
+    std::string d;
+    for (const auto& m : kModeTable) d += std::string(d.empty() ? "" : " ") + m.name + " - " + m.summary + ".";
+    return d;
+  }();
+  return doc;
+}
+
 // Every key of the file, in the order they are applied and emitted. The preset comes
 // before the model sizes so that explicit sizes next to it override it.
 std::vector<Field> fieldsOf(Config& c) {
@@ -277,11 +289,7 @@ std::vector<Field> fieldsOf(Config& c) {
     "Global gradient-norm clip of each inner step; 0 turns it off.");
   I("training.logEvery", t.logEvery, ints(1), "Steps between log lines of rank 0.");
   auto& a = c.algorithm;
-  S("algorithm.mode", a.mode, oneOf(kModes),
-    "edit: layer-wise Local SGD with the pseudo-gradient penalty, synced every "
-    "syncInterval steps. a-edit: the time-based asynchronous variant (syncSeconds). "
-    "diloco: whole-model outer sync. localsgd: post-local SGD (plain averaging). ddp: "
-    "synchronous gradient averaging every step.");
+  S("algorithm.mode", a.mode, oneOf(kModes), modeDoc().c_str());
   I("algorithm.syncInterval", a.syncInterval, ints(1, 1 << 30),
     "Local steps between synchronizations (tau).");
   D("algorithm.syncSeconds", a.syncSeconds, nums(0, 86400, false, false),
@@ -772,7 +780,7 @@ void validate(const Config& cfg) {
 
   const auto& a = cfg.algorithm;
   if (a.syncInterval < 1) throw ConfigError("algorithm.syncInterval: must be an integer >= 1");
-  if (a.mode == "a-edit" && !(a.syncSeconds > 0))
+  if (modeTraits(a.mode).clock == SyncClock::Seconds && !(a.syncSeconds > 0))
     throw ConfigError("algorithm.syncSeconds: must be > 0 when algorithm.mode is a-edit (got " +
                       fmtDouble(a.syncSeconds) + ")");
   if (a.outer.momentum < 0 && a.outer.momentum != -1)

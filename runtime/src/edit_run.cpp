@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "blas_env.h"
+#include "exit_codes.h"
 
 using nlohmann::json;
 
@@ -410,11 +411,10 @@ int main(int argc, char** argv) {
         if (w.pid != pid) continue;
         w.exited = true;
         w.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        // A crashed or killed worker (not exit 2: bad input; not 3: training stalled, which
-        // a replacement would replay; not 75: its peers could not recover; not 143:
-        // stopped) is replaced while the others wait for it.
-        const bool replaceable = w.code != 0 && w.code != 2 && w.code != 3 && w.code != 75 && w.code != 143 &&
-                                 w.code != 127;
+        // A crashed or killed worker is replaced while the others wait for it
+        // (common/src/exit_codes.h: not a permanent failure, a gang stop or a survivor
+        // that gave up waiting).
+        const bool replaceable = edit::replaceableExit(w.code);
         if (replaceable && !stopping && recoveries < o.maxRecoveries) {
           ++recoveries;
           std::cerr << "edit-run: worker " << w.rank << " exited with code " << w.code

@@ -8,19 +8,20 @@ namespace edit {
 SyncSettings syncSettingsFor(const AlgorithmConfig& a) {
   SyncSettings s;
   s.penalty = a.penalty;
+  const ModeTraits& mode = modeTraits(a.mode);
   s.lr = a.outer.lr;
-  // An explicit momentum wins; -1 takes the mode's published one (docs/algorithm.md).
-  s.momentum = a.outer.momentum >= 0 ? a.outer.momentum : a.mode == "diloco" ? 0.9 : 0.8;
+  // An explicit momentum wins; -1 takes the mode's published one (common/src/modes.h).
+  s.momentum = a.outer.momentum >= 0 ? a.outer.momentum : mode.outerMomentum;
   s.nesterov = a.outer.nesterov;
-  s.stepShare = a.mode == "a-edit" && a.penalty.stepShare > 0;
-  if (a.mode == "diloco" || a.mode == "localsgd") {
+  s.stepShare = mode.stepShareWeights && a.penalty.stepShare > 0;
+  if (!mode.penalty) {
     // Baselines: plain averaging of pseudo-gradients, no penalty.
     s.penalty.anomaly = false;
     s.penalty.weighted = false;
     s.penalty.clip = false;
     s.stepShare = false;
   }
-  if (a.mode == "localsgd") {
+  if (!mode.outerOptimizer) {
     // Post-local SGD: theta := average(theta), i.e. an outer SGD step with lr 1.
     s.lr = 1.0;
     s.momentum = 0.0;

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "comm.h"
+#include "modes.h"
 #include "worker_config.h"
 #include "flat_units.h"
 #include "penalty.h"

@@ -48,7 +48,7 @@ void Trainer::selectDevice() {
   }
 }
 
-bool Trainer::isLocalMode() const { return cfg_.algorithm.mode != "ddp"; }
+bool Trainer::isLocalMode() const { return hasLocalPhases(cfg_.algorithm.mode); }
 
 bool Trainer::synchronousAt(int64_t t) const {
   return !isLocalMode() || t < cfg_.algorithm.warmupSteps;
@@ -144,7 +144,7 @@ void Trainer::initOuter() {
 bool Trainer::syncDue(int64_t t) {
   const auto& a = cfg_.algorithm;
   if (!isLocalMode() || t <= a.warmupSteps || t == skipSyncAt_) return false;
-  if (a.mode != "a-edit") return (t - a.warmupSteps) % a.syncInterval == 0;
+  if (modeTraits(a.mode).clock == SyncClock::Steps) return (t - a.warmupSteps) % a.syncInterval == 0;
   // A-EDiT: time-based. Sync at the step boundary nearest the deadline: now, unless the
   // next one (a step away, by this replica's recent local steps) is nearer. A slow replica
   // then arrives at most half of its step early or late instead of up to a whole step late
@@ -279,7 +279,7 @@ void Trainer::releaseAll() {
 }
 
 double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
-  const bool layerwise = sync && (cfg_.algorithm.mode == "edit" || cfg_.algorithm.mode == "a-edit");
+  const bool layerwise = sync && modeTraits(cfg_.algorithm.mode).layerwise;
   if (sync && !layerwise) syncWholeModel(out);
   const size_t U = units_.size();
   const int N = comm_->shards();
@@ -482,7 +482,7 @@ TrainResult Trainer::run() {
   const double loopStart = nowSeconds();
   result.startupSeconds = loopStart - start;
   const auto& a = cfg_.algorithm;
-  const bool aedit = a.mode == "a-edit";
+  const bool aedit = modeTraits(a.mode).clock == SyncClock::Seconds;
   const int64_t budget = totalSteps_ * comm_->replicas();  // A-EDiT: replica-steps of the job
   double lastLoss = 0;
 

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "comm.h"
+#include "exit_codes.h"
+#include "modes.h"
 #include "worker_config.h"
 #include "data.h"
 #include "flat_units.h"
@@ -24,18 +26,6 @@
 #include "report.h"
 
 namespace edit {
-
-// Exit codes of edit-train, read by edit-run and by the operator's failure policy.
-enum ExitCode : int {
-  kExitOk = 0,
-  kExitFailure = 1,         // unexpected error: retryable
-  kExitInvalidInput = 2,    // bad config, data or checkpoint layout: permanent
-  kExitStalled = 3,         // training stalled (TrainingStalled): permanent, a restart replays it
-  kExitPeerLost = 75,       // a collective failed or timed out (a peer died): retryable
-  kExitLeft = 76,           // SIGTERM reached this worker and not the whole gang: it left,
-                            // its peers recover in place around its replacement
-  kExitTerminated = 143,    // stopped by SIGTERM/operator after saving a checkpoint
-};
 
 // The outer step of a unit was skipped algorithm.penalty.maxSkippedRounds sync rounds in a
 // row (every replica anomalous each time): the model no longer learns. Every rank sees the

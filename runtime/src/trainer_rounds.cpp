@@ -64,7 +64,7 @@ double Trainer::lrAt(int64_t t) const {
   // A-EDiT's replicas make different numbers of steps: the schedule follows the job's
   // progress (replica-steps of all replicas at the last exchange, per replica) plus this
   // replica's steps since, so that fast and slow replicas decay together.
-  if (cfg_.algorithm.mode == "a-edit" && !synchronousAt(t)) {
+  if (modeTraits(cfg_.algorithm.mode).clock == SyncClock::Seconds && !synchronousAt(t)) {
     const double jobStep = static_cast<double>(jobSteps_) / comm_->replicas() + static_cast<double>(t - jobStepsAt_);
     return learningRate(cfg_.training, jobStep, totalSteps_);
   }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "replay_common.h"
+#include "controller/desired.h"
 #include "target_config.h"
 #include "target_editjob.h"
 #include "target_tokenfile.h"
@@ -81,6 +82,8 @@ TEST(EditJob, SeedsAcceptedOrRefusedWithTheFieldNamed) {
     try {
       auto spec = api::parseSpec(obj);
       api::validateName(obj["metadata"].value("name", "x"), spec.worldSize());
+      // What the reconciler does next: the worker sections through the runtime's parser.
+      edit::op::controller::checkWorkerConfig({api::parseMeta(obj), spec});
     } catch (const api::SpecError& e) {
       field = e.field();
     }

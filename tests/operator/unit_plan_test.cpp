@@ -110,12 +110,14 @@ TEST(Plan, BackoffLimitFails) {
 }
 
 TEST(Plan, PermanentExitCodesFailWithoutRestart) {
-  EXPECT_TRUE(isPermanentExitCode(2));
-  EXPECT_TRUE(isPermanentExitCode(126));
-  EXPECT_TRUE(isPermanentExitCode(127));
-  EXPECT_FALSE(isPermanentExitCode(1));
-  EXPECT_FALSE(isPermanentExitCode(137));
-  EXPECT_FALSE(isPermanentExitCode(143));
+  // One table for edit-run and the operator (common/src/exit_codes.h).
+  for (int code : {2, 3, 126, 127}) {
+    EXPECT_TRUE(edit::isPermanentExit(code)) << code;
+    EXPECT_FALSE(edit::replaceableExit(code)) << code;  // edit-run does not replace it either
+  }
+  for (int code : {1, 75, 76, 137, 143}) EXPECT_FALSE(edit::isPermanentExit(code)) << code;
+  for (int code : {1, 76, 137, 139}) EXPECT_TRUE(edit::replaceableExit(code)) << code;
+  for (int code : {0, 75, 143}) EXPECT_FALSE(edit::replaceableExit(code)) << code;
   PlanInput in = input({}, {{"phase", "Running"}});
   in.pods = {pod(0, "Failed", 0, 2), pod(1, "Running")};
   Plan p = planReconcile(in);
@@ -128,7 +130,7 @@ TEST(Plan, PermanentExitCodesFailWithoutRestart) {
 TEST(Plan, StalledTrainingFailsWithTheWorkersReason) {
   // edit-train exits 3 when the outer step was skipped maxSkippedRounds rounds in a row and
   // says why in its termination message: the job fails (no restart) and says it too.
-  EXPECT_TRUE(isPermanentExitCode(3));
+  EXPECT_TRUE(edit::isPermanentExit(edit::kExitStalled));
   PlanInput in = input({}, {{"phase", "Running"}});
   in.pods = {pod(0, "Failed", 0, 3), pod(1, "Failed", 0, 3)};
   in.pods[0].message = "training stalled: the outer step of unit block.1 was skipped in the last 3 sync rounds";

@@ -173,7 +173,7 @@ PodTemplateOverride parsePodTemplate(const json& spec) {
 
 std::string EDiTJobSpec::mode() const {
   const json* m = field(algorithm, "mode");
-  return m && m->is_string() ? m->get<std::string>() : "edit";
+  return m && m->is_string() ? m->get<std::string>() : edit::kModeTable[0].name;
 }
 
 JobMeta parseMeta(const json& obj) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "modes.h"
+
 namespace edit::op::api {
 
 inline constexpr const char* kGroup = "edit.io";
@@ -92,7 +94,7 @@ struct EDiTJobSpec {
   std::string mode() const;
   // Whether a failed worker may be replaced without a gang restart: runPolicy asks for it
   // and the mode has local phases (ddp synchronizes every step, so survivors cannot wait).
-  bool inPlaceRecovery() const { return runPolicy.replicaRecovery == "InPlace" && mode() != "ddp"; }
+  bool inPlaceRecovery() const { return runPolicy.replicaRecovery == "InPlace" && edit::hasLocalPhases(mode()); }
 };
 
 // The parts of the object's metadata the controller needs.

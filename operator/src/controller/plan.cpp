@@ -81,7 +81,6 @@ ObservedPod observePod(const json& pod) {
   return o;
 }
 
-bool isPermanentExitCode(int code) { return code == 2 || code == 3 || code == 126 || code == 127; }
 
 std::map<int, std::set<std::string>> avoidNodesFromStatus(const json& status) {
   std::map<int, std::set<std::string>> out;
@@ -348,7 +347,7 @@ class Planner {
       if (!p->disruption.empty()) return true;
       // 143: the gang stopped together; 76: SIGTERM reached this worker alone and it left;
       // no exit code and no pod: it vanished (vanished()).
-      const bool stopped = p->exitCode ? *p->exitCode == 143 || *p->exitCode == 76 : p->phase.empty();
+      const bool stopped = p->exitCode ? edit::isStopExit(*p->exitCode) : p->phase.empty();
       if (!stopped) allStopped = false;
     }
     return allStopped && conditionTrue(st_, "Disrupted");
@@ -375,9 +374,9 @@ class Planner {
         continue;
       }
       failed.push_back(p);
-      if (!permanent && p->exitCode && isPermanentExitCode(*p->exitCode)) permanent = p;
+      if (!permanent && p->exitCode && edit::isPermanentExit(*p->exitCode)) permanent = p;
     }
-    if (permanent && permanent->exitCode == 3) {
+    if (permanent && permanent->exitCode == edit::kExitStalled) {
       // edit-train found the outer step skipped maxSkippedRounds rounds in a row.
       fail("TrainingStalled", describeExit(*permanent) + "; training stalled, not retried (a restart would replay it)", true);
       return true;

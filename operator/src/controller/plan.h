@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "api/editjob.h"
+#include "exit_codes.h"
 
 namespace edit::op::controller {
 
@@ -37,12 +38,10 @@ struct ObservedPod {
 
 ObservedPod observePod(const json& pod);
 
-// Exit codes that no restart can fix: 2 = invalid config or data (edit-train), 3 = training
-// stalled (edit-train; a restart would replay it from the checkpoint), 126 = not
-// executable, 127 = command not found. Everything else (crash, OOM kill 137, preemption
-// 143) is retried: by replacing the failed ranks in place where runPolicy.replicaRecovery
-// allows it (controller/recovery.h), else by a gang restart from the newest checkpoint.
-bool isPermanentExitCode(int code);
+// Exit codes (common/src/exit_codes.h): a permanent one (2, 3, 126, 127) fails the job.
+// Everything else (crash, OOM kill 137, preemption 143) is retried: by replacing the
+// failed ranks in place where runPolicy.replicaRecovery allows it (controller/recovery.h),
+// else by a gang restart from the newest checkpoint.
 
 // status.avoidNodes as rank -> nodes its pods must not use (entries that do not parse are
 // skipped: the status is ours, but a user may have edited it).

@@ -2,13 +2,16 @@
 
 #include <algorithm>
 
+#include "exit_codes.h"
+#include "modes.h"
+
 namespace edit::op::controller {
 
-namespace {
-// edit-train's exit codes that rule out an in-place recovery (docs/design-decisions.md).
-constexpr int kExitPeerLost = 75;    // a peer was lost and this worker could not wait for it
-constexpr int kExitStopped = 143;    // SIGTERM: every rank checkpoints and stops together
-}  // namespace
+// edit-train's exit codes that rule out an in-place recovery (docs/design-decisions.md):
+// 75, a peer was lost and this worker could not wait for it; 143, every rank checkpointed
+// and stops together.
+using edit::kExitPeerLost;
+constexpr int kExitStopped = edit::kExitTerminated;
 
 std::optional<RecoveryRecord> RecoveryRecord::fromStatus(const json& status) {
   if (!status.is_object() || !status.contains("recovery") || !status["recovery"].is_object()) return std::nullopt;
@@ -52,7 +55,7 @@ std::string RecoveryRecord::rankList() const { return controller::rankList(ranks
 std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
                               const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active) {
   if (spec.runPolicy.replicaRecovery != "InPlace") return "runPolicy.replicaRecovery is " + spec.runPolicy.replicaRecovery;
-  if (spec.mode() == "ddp") return "mode ddp synchronizes every step, so no rank can be replaced alone";
+  if (!edit::hasLocalPhases(spec.mode())) return "mode ddp synchronizes every step, so no rank can be replaced alone";
   // Before every pod ran the gang had not formed: there is no running job to join.
   if (phase != "Running") return "the gang was not running yet";
   for (const auto* p : failed) {

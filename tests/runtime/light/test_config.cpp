@@ -13,6 +13,7 @@
 #include <functional>
 #include <vector>
 
+#include "modes.h"
 #include "worker_config.h"
 
 // The repository root: from CMake, else derived from this file's path.
@@ -398,4 +399,22 @@ TEST(ConfigSchema, CrossFieldRulesRunOnceAfterTheLastOverride) {
   // Checked by default, and a key's own range is checked as it is set either way.
   EXPECT_THROW(edit::parseConfig("algorithm: {mode: a-edit}\n"), ConfigError);
   EXPECT_THROW(edit::parseConfig("algorithm: {syncSeconds: -1}\n", false), ConfigError);
+}
+
+TEST(ModeTable, TheConfigAcceptsExactlyTheTablesModesWithTheirClocks) {
+  const YAML::Node root = YAML::Load(edit::workerConfigSchemaJson());
+  std::vector<std::string> schemaModes;
+  for (const auto& m : schemaLeaf(root, "algorithm.mode")["enum"]) schemaModes.push_back(m.as<std::string>());
+  EXPECT_EQ(schemaModes, edit::modeNames());
+  for (const auto& m : edit::kModeTable) {
+    // A time-clocked mode needs syncSeconds; the others do not.
+    const std::string err = errorOf(std::string("algorithm: {mode: ") + m.name + "}");
+    if (m.clock == edit::SyncClock::Seconds) EXPECT_EQ(err.rfind("algorithm.syncSeconds:", 0), 0u) << m.name;
+    else EXPECT_EQ(err, "") << m.name;
+    // Every mode's description reaches users.
+    EXPECT_NE(schemaLeaf(root, "algorithm.mode")["description"].as<std::string>().find(m.summary),
+              std::string::npos) << m.name;
+    EXPECT_EQ(edit::findMode(m.name), &m);
+  }
+  EXPECT_EQ(edit::findMode("sgd"), nullptr);
 }

@@ -31,6 +31,7 @@ const std::vector<std::string> kModes = {"edit", "a-edit", "diloco", "localsgd",
 const std::vector<std::string> kBackends = {"auto", "gloo", "nccl"};
 const std::vector<std::string> kRecoveryModes = {"inPlace", "exit"};
 const std::vector<std::string> kWeightings = {"raw", "median"};
+const std::vector<std::string> kCompressions = {"none", "int8"};
 const std::vector<std::string> kCorruptKinds = {"noise", "pseudoGradient"};
 
 enum class Kind { I64, I32, U64, F64, Bool, Str };
@@ -287,6 +288,8 @@ std::vector<Field> fieldsOf(Config& c) {
   I("algorithm.penalty.maxSkippedRounds", p.maxSkippedRounds, ints(0));
   B("algorithm.prefetch", a.prefetch);
   B("algorithm.offloadOuterState", a.offloadOuterState);
+  S("algorithm.syncCompression", a.syncCompression, oneOf(kCompressions));
+  I("algorithm.compressionBlock", a.compressionBlock, ints(16, 1 << 20));
   auto& k = c.checkpoint;
   S("checkpoint.dir", k.dir, str(kMaxPath));
   I("checkpoint.everySteps", k.everySteps, ints(0));

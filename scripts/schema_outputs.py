@@ -256,7 +256,7 @@ def main():
     if FUZZ_DICT.read_text() != fuzz_dict(schema):
         problems.append(f"{FUZZ_DICT.relative_to(ROOT)}: not what the schema gives")
     if problems:
-        print("the CRD's worker sections differ from `edit-train --print-schema` "
+        print("files made from `edit-train --print-schema` differ from it "
               "(fix: python3 scripts/schema_outputs.py --write, then review the diff):")
         for p in problems:
             print("  " + p)

@@ -231,7 +231,7 @@ void Comm::allgatherInto(Group g, const torch::Tensor& mine, torch::Tensor& full
   const int n = size(g), me = rankIn(g);
   const int64_t chunk = mine.numel();
   auto part = [&](int i) { return full.narrow(0, ((i % n) + n) % n * chunk, chunk); };
-  part(me).copy_(mine);
+  if (part(me).data_ptr() != mine.data_ptr()) part(me).copy_(mine);  // may be written in place
   if (!p) return;
 #ifdef EDIT_WITH_CUDA
   if (onDevice()) {

@@ -21,6 +21,10 @@ namespace edit {
 struct OuterUnit {
   torch::Tensor outer;     // [chunk] outer (global) weights
   torch::Tensor momentum;  // [chunk] Nesterov buffer
+  // [chunk] error feedback of algorithm.syncCompression int8: what quantization has not
+  // sent yet of this rank's pseudo-gradient (undefined without compression). Per rank,
+  // not shared by the sync group like the two above.
+  torch::Tensor residual;
   // With algorithm.offloadOuterState on a GPU both live in pinned host memory and visit
   // the device only while their unit synchronizes.
 };
@@ -30,6 +34,8 @@ struct SyncSettings {
   double lr = 0.7, momentum = 0.8;
   bool nesterov = true;
   bool stepShare = false;  // A-EDiT: blend the replicas' share of steps into the weights
+  bool int8 = false;       // algorithm.syncCompression int8 (OuterUnit::residual defined)
+  int64_t block = 256;     // algorithm.compressionBlock
   // Any part of the penalty on. Off (the baselines): a plain average, no norms computed,
   // so none of the penalty's collectives run; NaN/Inf is then not caught either.
   bool penaltyOn() const { return penalty.anomaly || penalty.weighted || penalty.clip || stepShare; }

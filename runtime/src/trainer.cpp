@@ -133,6 +133,7 @@ void Trainer::initOuter() {
   for (auto& u : units_) {
     auto outer = offload ? u.slice.to(torch::kCPU).pin_memory() : u.slice.clone();
     outer_.push_back({outer, torch::zeros_like(outer)});
+    if (sync_.int8) outer_.back().residual = torch::zeros_like(outer);
   }
   outerReady_ = true;
   lastSyncTime_ = nowSeconds();

@@ -36,6 +36,7 @@ void Trainer::saveCheckpoint(int64_t id) {
     if (outerReady_) {
       t[k + "outer"] = outer_[u].outer;
       t[k + "momentum"] = outer_[u].momentum;
+      if (outer_[u].residual.defined()) t[k + "residual"] = outer_[u].residual;
     }
   }
   const uint32_t crc = writeCheckpointFile(rankFileName(dir, mesh_.rank), t);
@@ -106,6 +107,7 @@ bool Trainer::tryResume() {
                                          : step_ * mesh_.replicas;
     jobStepsAt_ = t.count("meta/jobStepsAt") ? static_cast<int64_t>(t.at("meta/jobStepsAt").item<double>()) : step_;
     outer_.clear();
+    size_t residualsFound = 0;
     for (size_t u = 0; u < units_.size(); ++u) {
       const std::string k = "unit" + std::to_string(u) + "/";
       units_[u].slice.copy_(t.at(k + "theta"));
@@ -114,7 +116,19 @@ bool Trainer::tryResume() {
       auto e = t.at(k + "ewma");
       detectors_[u] = {e[0].item<double>(), e[1].item<double>(), static_cast<int64_t>(e[2].item<double>())};
       if (outerReady_) outer_.push_back({t.at(k + "outer").clone(), t.at(k + "momentum").clone()});
+      // The error feedback of int8 compression. Without one in the file (compression
+      // switched on at this resume) it starts at zero, as at the first compressed round;
+      // one in the file that this run does not compress with is dropped.
+      if (outerReady_ && sync_.int8) {
+        const bool has = t.count(k + "residual") > 0;
+        residualsFound += has;
+        outer_.back().residual = has ? t.at(k + "residual").clone() : torch::zeros_like(outer_.back().outer);
+      }
     }
+    if (outerReady_ && sync_.int8 && residualsFound == 0)
+      log("checkpoint " + dir + " has no int8 residual (written without algorithm.syncCompression int8): starting from zero");
+    if (outerReady_ && !sync_.int8 && t.count("unit0/residual"))
+      log("checkpoint " + dir + " holds an int8 residual; algorithm.syncCompression is none: dropped");
     // Non-local chunks of the gathered buffers are refreshed by the next all-gather;
     // with one shard the slice is the whole buffer.
     lastSyncTime_ = nowSeconds();

@@ -279,6 +279,11 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
 
   // Everyone: inner weights := outer weights of `round`, and the clock of that round.
   for (size_t u = 0; u < units_.size(); ++u) units_[u].slice.copy_(outer_[u].outer);
+  // The int8 error feedback restarts at zero on every rank: a survivor's residual belongs
+  // to the round it got to, not necessarily `round`, and a replacement has none. What it
+  // held (at most half a quantization step per element) is dropped (docs/algorithm.md).
+  for (auto& o : outer_)
+    if (o.residual.defined()) o.residual.zero_();
   step_ = step;
   roundStep_ = step;
   skipSyncAt_ = step;  // the round at this step is the one restored

@@ -45,6 +45,8 @@ algorithm:
     temperature: 1e300, clip: no, clipNorm: 1, stepShare: 1}
   prefetch: false
   offloadOuterState: true
+  syncCompression: int8
+  compressionBlock: 16
 checkpoint: {dir: /tmp/c, everySteps: 1, keep: 1000, resume: false}
 metrics: {host: 0.0.0.0, port: 0}
 telemetry: {addr: "op.edit-system.svc:9443", token: s3cret, everySteps: 1}

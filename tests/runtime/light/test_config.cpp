@@ -418,3 +418,16 @@ TEST(ModeTable, TheConfigAcceptsExactlyTheTablesModesWithTheirClocks) {
   }
   EXPECT_EQ(edit::findMode("sgd"), nullptr);
 }
+
+TEST(Config, SyncCompression) {
+  EXPECT_EQ(edit::parseConfig("").algorithm.syncCompression, "none");
+  EXPECT_EQ(edit::parseConfig("").algorithm.compressionBlock, 256);
+  auto c = edit::parseConfig("algorithm: {syncCompression: int8, compressionBlock: 64}");
+  EXPECT_EQ(c.algorithm.syncCompression, "int8");
+  EXPECT_EQ(c.algorithm.compressionBlock, 64);
+  EXPECT_NE(edit::toYaml(c).find("syncCompression: \"int8\""), std::string::npos);
+  EXPECT_NE(errorOf("algorithm: {syncCompression: int4}").find("algorithm.syncCompression: must be one of none, int8"),
+            std::string::npos);
+  EXPECT_NE(errorOf("algorithm: {compressionBlock: 8}").find("algorithm.compressionBlock: must be an integer in [16, 1048576]"),
+            std::string::npos);
+}

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""int8 sync compression (algorithm.syncCompression, issue 18) against fp32: bytes sent per
+rank in the sync group per sync round, validation loss at equal tokens, and, as root, the
+20 Mbit/s replica link of bench/run.py (blocked share and steady tokens/s).
+
+    python3 bench/compression.py                       # writes bench/results/<date>/compression.md
+    python3 bench/compression.py --steps 40 --no-link  # shorter, without the link scenario
+
+Reuses run.py's launcher, analysis and network namespaces; same tiny preset and Brown data.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402
+from common import LAYOUTS, ROOT, TINY, blas_coretype, flops_per_token, fmt, log  # noqa: E402
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=360, help="steps per replica of the loss runs (tau 8: 42 syncs)")
+    p.add_argument("--link-steps", type=int, default=48, help="steps of the 20 Mbit/s runs")
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--tau", type=int, default=8)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--layouts", default="4x1,2x2", help="layouts of the bytes/loss runs")
+    p.add_argument("--no-link", action="store_true", help="skip the 20 Mbit/s scenario")
+    p.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "runtime"))
+    p.add_argument("--out", help="results folder (default bench/results/<date>)")
+    a = p.parse_args(argv)
+    a.quick = False
+    a.coretype = blas_coretype("auto")
+    return a
+
+
+def base_config(a, path, steps):
+    with open(path, "w") as f:
+        f.write(f"""model: {{preset: tiny}}
+data:
+  train: {os.path.join(ROOT, 'data/brown/train.bin')}
+  val: {os.path.join(ROOT, 'data/brown/val.bin')}
+  seqLen: {a.seq}
+  batchSize: {a.batch}
+  valBatches: 16
+training: {{steps: {steps}, lr: 3.0e-3, minLr: 3.0e-4, lrWarmupSteps: {a.warmup}, logEvery: 1}}
+algorithm:
+  mode: edit
+  warmupSteps: {a.warmup}
+  syncInterval: {a.tau}
+  penalty: {{anomalyWarmup: 5}}
+checkpoint: {{dir: ""}}
+""")
+
+
+def sync_bytes(workers):
+    """Per rank: {op: bytes} of the sync group."""
+    out = []
+    for w in workers:
+        d = {}
+        for c in w.summary["comm"]:
+            if c["group"] == "sync":
+                d[c["op"]] = d.get(c["op"], 0) + c["bytes"]
+        out.append(d)
+    return out
+
+
+def one(a, tmp, layout, comp, steps, netns=None):
+    base = os.path.join(tmp, f"base-{steps}.yaml")
+    base_config(a, base, steps)
+    a.base_config = base
+    run_id = f"{layout}-{comp}-{'link20' if netns else 'normal'}"
+    sets = [f"algorithm.syncCompression={comp}"]
+    log(f"run {run_id}")
+    workers, wall = run.launch(a, tmp, run_id, layout, sets, netns=netns, timeout=3600)
+    cfg = dict(mode="edit", warmup=a.warmup, tokens_per_step=a.batch * a.seq)
+    r = run.analyze(workers, wall, layout, cfg, flops_per_token(TINY, a.seq))
+    r.pop("series", None)
+    if not r["ok"]:
+        raise SystemExit(f"{run_id} failed: exit codes {r['rc']} (logs in {tmp})")
+    r["sync_bytes"] = sync_bytes(workers)
+    log(f"  val {r['val_loss']:.4f}, syncs {r['syncs']}, blocked {100 * r['blocked_frac']:.1f}%, "
+        f"steady {fmt(r.get('tps_steady'), 0)} tok/s")
+    return r
+
+
+def per_round(none, int8):
+    """Bytes per rank per sync round in the sync group. The synchronous warm-up's gradient
+    all-reduces also cross it; int8 rounds send no all-reduce there, so the int8 run's
+    all-reduce bytes are the warm-up's (same configuration), subtracted from both."""
+    out = {}
+    for name, r in (("none", none), ("int8", int8)):
+        vals = []
+        for rank, b in enumerate(r["sync_bytes"]):
+            warm = int8["sync_bytes"][rank].get("allreduce", 0)
+            vals.append((sum(b.values()) - warm) / r["syncs"])
+        out[name] = sum(vals) / len(vals)
+    return out
+
+
+def main(argv):
+    a = parse(argv)
+    out = a.out or os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat())
+    os.makedirs(out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="edit-bench-compression-")
+    results = {"args": {k: v for k, v in vars(a).items() if k != "base_config"}, "runs": {}}
+    rows = []
+    for layout in [l for l in a.layouts.split(",") if l]:
+        none = one(a, tmp, layout, "none", a.steps)
+        int8 = one(a, tmp, layout, "int8", a.steps)
+        br = per_round(none, int8)
+        results["runs"][f"{layout} normal"] = {"none": none, "int8": int8, "bytes_per_round": br}
+        dl = (int8["val_loss"] - none["val_loss"]) / none["val_loss"]
+        rows.append((layout, none, int8, br, dl))
+
+    link = None
+    if not a.no_link:
+        ok, why = run.NetNS.available()
+        if not ok:
+            log(f"link20 skipped: {why}")
+            link = why
+        else:
+            ns = run.NetNS()
+            try:
+                ns.setup(4, "20mbit")
+                mbit = ns.measure(2.0)
+                none = one(a, tmp, "4x1", "none", a.link_steps, ns)
+                int8 = one(a, tmp, "4x1", "int8", a.link_steps, ns)
+            finally:
+                ns.teardown()
+            link = {"mbit": mbit, "none": none, "int8": int8}
+            results["runs"]["4x1 link20"] = link
+
+    with open(os.path.join(out, "compression.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    L = ["# int8 sync compression against fp32 (issue 18)", "",
+         f"tiny preset, Brown corpus, edit, batch {a.batch} x seq {a.seq} per worker, warm-up {a.warmup}, "
+         f"tau {a.tau}, block 256; one run each on a shared 2-core machine "
+         f"({datetime.datetime.now():%Y-%m-%d %H:%M}). `python3 bench/compression.py`.", "",
+         "## Bytes per rank per sync round (sync group) and validation loss at equal tokens", "",
+         "| layout | steps | syncs | bytes/round none | bytes/round int8 | int8/none | val loss none | val loss int8 | diff |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for layout, none, int8, br, dl in rows:
+        L.append(f"| {layout} | {a.steps} | {none['syncs']} | {br['none']:,.0f} | {br['int8']:,.0f} | "
+                 f"{100 * br['int8'] / br['none']:.1f}% | {none['val_loss']:.4f} | {int8['val_loss']:.4f} | "
+                 f"{100 * dl:+.2f}% |")
+    L += ["", "Targets (issue 18): int8 bytes <= 30% of none; validation loss within 0.5%.", ""]
+    L += ["## 20 Mbit/s replica link (4x1, bench/run.py's netns + tbf)", ""]
+    if isinstance(link, dict):
+        n, i = link["none"], link["int8"]
+        L += [f"Measured link: {link['mbit']:.1f} Mbit/s. {a.link_steps} steps per replica.", "",
+              "| compression | blocked | steady tok/s | tok/s (whole run) | val loss | syncs |", "|---|---|---|---|---|---|"]
+        for name, r in (("none", n), ("int8", i)):
+            L.append(f"| {name} | {100 * r['blocked_frac']:.1f}% | {fmt(r.get('tps_steady'), 0)} | {r['tps']:.0f} | "
+                     f"{r['val_loss']:.4f} | {r['syncs']} |")
+        if n.get("tps_steady") and i.get("tps_steady"):
+            L += ["", f"int8 / none steady tokens/s: {i['tps_steady'] / n['tps_steady']:.2f}x. "
+                  "Targets: int8 blocked <= 20%, steady tokens/s >= 1.5x none."]
+    else:
+        L.append(f"Not run: {link or '--no-link'}.")
+    with open(os.path.join(out, "compression.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
+    log(f"wrote {out}/compression.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,62 @@
+// An independent reference of int8 compression with error feedback, written from
+// docs/algorithm.md ("Compressed synchronization") in plain loops. It calls no runtime
+// code (no compression.h, no LibTorch): scales and quotients are computed in float, as
+// the page specifies, so the quantized values match the runtime's bit for bit.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace edit::ref {
+
+struct Quantized {
+  std::vector<int8_t> q;
+  std::vector<float> scales;  // one per block
+  bool finite = true;         // false: a NaN or Inf, nothing quantized
+};
+
+inline Quantized quantize(const std::vector<float>& x, int64_t block) {
+  Quantized out;
+  const int64_t n = static_cast<int64_t>(x.size());
+  out.q.assign(n, 0);
+  for (int64_t b = 0; b < n; b += block) {
+    float amax = 0;
+    for (int64_t i = b; i < std::min(n, b + block); ++i) {
+      if (!std::isfinite(x[i])) out.finite = false;
+      amax = std::max(amax, std::fabs(x[i]));
+    }
+    const float scale = amax / 127.0f;
+    out.scales.push_back(scale);
+    if (scale == 0) continue;
+    for (int64_t i = b; i < std::min(n, b + block); ++i) {
+      const float v = std::nearbyint(x[i] / scale);  // round half to even
+      out.q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+    }
+  }
+  if (!out.finite) {
+    out.q.assign(n, 0);
+    out.scales.assign(out.scales.size(), 0.0f);
+  }
+  return out;
+}
+
+inline std::vector<float> dequantize(const Quantized& z, int64_t block) {
+  std::vector<float> x(z.q.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(z.q[i]) * z.scales[i / block];
+  return x;
+}
+
+// One replica's slice through one compressed round with error feedback: what it sends
+// (dequantized) given its pseudo-gradient d; `residual` carries over to the next round.
+inline std::vector<float> sendWithFeedback(const std::vector<float>& d, std::vector<float>& residual,
+                                           int64_t block) {
+  std::vector<float> x(d.size());
+  for (size_t i = 0; i < d.size(); ++i) x[i] = d[i] + residual[i];
+  const auto sent = dequantize(quantize(x, block), block);
+  for (size_t i = 0; i < d.size(); ++i) residual[i] = x[i] - sent[i];
+  return sent;
+}
+
+}  // namespace edit::ref

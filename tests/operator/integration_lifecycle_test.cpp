@@ -148,29 +148,36 @@ TEST_F(OperatorIntegration, WorkerConfigTheRuntimeRefusesFailsBeforeAnyPod) {
   EXPECT_FALSE(client->tryGet(res::ConfigMaps, "default", "badheads-config").has_value());
 }
 
-// A node drain evicts a worker (Eviction API: DisruptionTarget, then SIGTERM); like
-// edit-train, every worker then stops with exit 143. The gang restart that follows is
-// free: with backoffLimit 0 the job runs again. A crash of its own afterwards fails it.
-TEST_F(OperatorIntegration, EvictionRestartsTheGangWithoutSpendingBackoffLimit) {
-  const std::string stop = "$STANDIN_POD_DIR/../stop-$EDIT_JOB-$EDIT_RESTART_GENERATION";
+// A node drain evicts a worker (Eviction API: DisruptionTarget, then SIGTERM). Like
+// edit-train when SIGTERM reaches it and not the whole gang, the worker leaves (exit 76)
+// and its pod goes; the operator replaces that rank in place (EDIT_JOIN=1) while the other
+// keeps running. The disruption is free: backoffLimit 0 is not spent. A crash of its own
+// afterwards fails the job.
+TEST_F(OperatorIntegration, EvictionReplacesTheWorkerInPlaceWithoutSpendingBackoffLimit) {
+  const std::string done = "$STANDIN_POD_DIR/../done-$EDIT_JOB";
   client->create(res::EDiTJobs, "default",
                  shellJob("drained", 2, 1,
-                          "trap 'touch " + stop + "; exit 143' TERM; while [ ! -e " + stop +
-                              " ]; do sleep 0.2; done; exit 143",
+                          "trap 'exit 76' TERM; while [ ! -e " + done + " ]; do sleep 0.2; done; exit 0",
                           {{"backoffLimit", 0}}));
   ASSERT_TRUE(waitPhase("drained", "Running")) << job("drained").dump(2);
+  const std::string survivorUid = client->get(res::Pods, "default", "drained-worker-1")["metadata"]["uid"];
   auto [code, body] = httpPost(standin->url() + "/api/v1/namespaces/default/pods/drained-worker-0/eviction",
                                {{"apiVersion", "policy/v1"}, {"kind", "Eviction"},
                                 {"metadata", {{"name", "drained-worker-0"}}},
                                 {"deleteOptions", {{"gracePeriodSeconds", 5}}}});
   ASSERT_EQ(code, 201) << body;
-  ASSERT_TRUE(waitFor([&] { return job("drained")["status"].value("restarts", 0) == 1; }, std::chrono::seconds(40)))
+  ASSERT_TRUE(waitFor([&] { return job("drained")["status"].value("replicaRecoveries", 0) == 1; },
+                      std::chrono::seconds(40)))
       << job("drained").dump(2);
+  // The replacement joins the running gang; the survivor was never restarted.
   ASSERT_TRUE(waitFor([&] {
-    json j = job("drained");
-    return j["status"].value("phase", "") == "Running" && j["status"].value("restartGeneration", 0) == 1;
+    auto p = client->tryGet(res::Pods, "default", "drained-worker-0");
+    return p && p->dump().find("EDIT_JOIN") != std::string::npos && (*p)["status"].value("phase", "") == "Running";
   }, std::chrono::seconds(40))) << job("drained").dump(2);
+  EXPECT_EQ(client->get(res::Pods, "default", "drained-worker-1")["metadata"]["uid"], survivorUid);
   json j = job("drained");
+  EXPECT_EQ(j["status"].value("restarts", 0), 0);
+  EXPECT_EQ(j["status"]["phase"], "Running");
   EXPECT_EQ(j["status"]["disruptions"], 1);
   EXPECT_EQ(conditionStatus(j, "Disrupted"), "False");
   auto events = client->list(res::Events, "default")["items"];

@@ -36,7 +36,7 @@ NS_PREFIX = "edbench-"
 BRIDGE = "edbench0"
 SUBNET = "10.77.0"
 
-# Model shape of the tiny preset (runtime/src/config.cpp presets; edit-train --print-config).
+# Model shape of the tiny preset (common/src/worker_config.cpp presets; edit-train --print-config).
 TINY = dict(vocab=256, dim=128, layers=4, heads=4, ffn=352)
 
 

@@ -28,7 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, blas_coretype, log  # noqa: E402
 
-MODELS = {  # runtime/src/config.cpp presets
+MODELS = {  # common/src/worker_config.cpp presets
     "tiny": dict(dim=128, layers=4, heads=4, ffn=352),
     "small": dict(dim=256, layers=6, heads=8, ffn=704),
 }

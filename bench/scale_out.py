@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-# (dim, layers, heads, ffn) from runtime/src/config.cpp presets; vocabulary of a real
+# (dim, layers, heads, ffn) from common/src/worker_config.cpp presets; vocabulary of a real
 # tokenizer (Llama-2's 32000), not the byte-level 256 of the tiny benchmarks.
 PRESETS = {"llama-1b": (2048, 24, 16, 5504), "llama-7b": (4096, 32, 32, 11008)}
 

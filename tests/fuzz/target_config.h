@@ -1,4 +1,4 @@
-// One fuzz input through the runtime configuration parser (runtime/src/config.h).
+// One fuzz input through the runtime configuration parser (common/src/worker_config.h).
 // Contract checked: parseConfig and applyOverrides throw nothing but ConfigError, and an
 // accepted configuration survives toYaml -> parseConfig unchanged (the operator writes
 // toYaml's text into the job's ConfigMap and checkpoints store it in the MANIFEST).

@@ -190,7 +190,7 @@ TEST(Desired, ConfigMapHoldsTheRuntimeYaml) {
   EXPECT_EQ(y["checkpoint"]["everySteps"].as<int>(), 10);
   EXPECT_FALSE(y["checkpoint"]["pvc"]);
   EXPECT_EQ(y["debug"]["injectStepDelay"]["rank"].as<int>(), 1);
-  // Only sections of runtime/src/config.h appear.
+  // Only sections of common/src/worker_config.h appear.
   for (auto it = y.begin(); it != y.end(); ++it) {
     std::string k = it->first.as<std::string>();
     EXPECT_TRUE(k == "model" || k == "data" || k == "training" || k == "algorithm" || k == "checkpoint" || k == "debug" ||

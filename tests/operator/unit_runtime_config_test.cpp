@@ -1,4 +1,4 @@
-// The ConfigMap's config.yaml is accepted by the runtime's own parser (runtime/src/config.h).
+// The ConfigMap's config.yaml is accepted by the runtime's own parser (common/src/worker_config.h).
 #include <gtest/gtest.h>
 
 #include "worker_config.h"

@@ -48,7 +48,7 @@ std::string masterAddr(const std::string& job, const std::string& ns);
 
 json ownerReference(const api::JobMeta& meta);
 
-// The worker YAML (runtime/src/config.h structure) from spec.model/data/training/
+// The worker YAML (common/src/worker_config.h structure) from spec.model/data/training/
 // algorithm/checkpoint/debug; volume claims become mount paths.
 std::string workerConfigYaml(const JobRef& job);
 // Runs the runtime's own parser (common/src/worker_config.h) on that YAML, so that a job the

@@ -244,13 +244,13 @@ class ChartOperator(unittest.TestCase):
         self.assertEqual(denied, [], "requests of the operator outside its RBAC:\n%s" % self.operator_logs())
 
     # ---- jobs ---------------------------------------------------------------------------
-    def training_job(self, ns, steps, name="tiny"):
+    def training_job(self, ns, steps, name="tiny", debug=None):
         data = os.path.join(self.c.tmp, "data")
         if not os.path.isdir(data):
             os.makedirs(data)
             h.make_data(data)
         manifest = h.job_manifest(name, ns, data, os.path.join(self.c.tmp, "ckpt-" + name), h.free_port(),
-                                  steps=steps, every=max(10, steps // 4))
+                                  steps=steps, every=max(10, steps // 4), debug=debug)
         manifest["spec"]["training"]["logEvery"] = 5
         self.c.apply(manifest)
         return manifest
@@ -319,7 +319,10 @@ class ChartOperator(unittest.TestCase):
         first = self.wait_single_leader([a, b])
         ns = h.unique("roll")
         self.c.create_namespace(ns)
-        self.training_job(ns, steps=500)
+        # Paced (rank 0 sleeps 0.3 s a step, and the others wait for it at each sync) so
+        # that the job outlives the hand-over however fast the runtime or slow the machine:
+        # at least 144 s after step 20.
+        self.training_job(ns, steps=500, debug={"injectStepDelay": {"rank": 0, "seconds": 0.3}})
         self.c.wait_step(ns, "tiny", 20, 240)
 
         # The Deployment's rolling update (maxSurge 1, maxUnavailable 0): a new pod, Ready,
@@ -350,7 +353,7 @@ class ChartOperator(unittest.TestCase):
             fresh = t and calendar.timegm(time.strptime(t, "%Y-%m-%dT%H:%M:%SZ")) > handover
             return st if fresh and re.search(r'edit_worker_step_seconds\{[^}]*job="tiny"', self.metrics(second)) else None
         st = self.c.wait_for(reported, 90, "reports of the job at the new leader %s" % second)
-        job = self.c.wait_phase(ns, "tiny", ("Succeeded", "Failed"), 300)
+        job = self.c.wait_phase(ns, "tiny", ("Succeeded", "Failed"), 400)
         self.assertEqual(job["status"]["phase"], "Succeeded", "%s\n%s" % (job["status"], self.operator_logs()))
         self.assertEqual(job["status"]["progress"]["step"], 500, job["status"])
         self.assertEqual(job["status"].get("restarts", 0), 0, job["status"])

@@ -399,8 +399,10 @@ class Faults(unittest.TestCase):
         """`kubectl delete pod` of one worker: SIGTERM reaches it alone; it leaves (exit 76)
         once a second control exchange shows the others got none, they wait, and the
         operator replaces the rank in place (EDIT_JOIN=1). Before, every worker checkpointed
-        and stopped (143) and the gang restarted, charged to backoffLimit."""
-        self.start()
+        and stopped (143) and the gang restarted, charged to backoffLimit. Paced (rank 0
+        sleeps 0.2 s a step; the others wait at each sync) so that the two exchanges happen
+        well before the end, however fast the runtime is."""
+        self.start(debug={"injectStepDelay": {"rank": 0, "seconds": 0.2}})
         self.wait_checkpoint(16)
         self.wait_step(20)
         self.clock = RecoveryClock(self.c.tmp, self.ns, self.name)

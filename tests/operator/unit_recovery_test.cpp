@@ -552,6 +552,54 @@ TEST(Recovery, EvictedPodIsReplacedInPlaceForFree) {
   EXPECT_EQ(condStatus(p2.status, "Disrupted"), "False");
 }
 
+// The same eviction when the pod was gone before any reconcile saw its DisruptionTarget
+// condition (or `kubectl delete pod`, which has none): a pod someone else deleted is a
+// disruption in itself, so backoffLimit 0 still allows the in-place replacement.
+TEST(Recovery, PodGoneBeforeItsDisruptionWasSeenIsStillFree) {
+  const json spec = {{"runPolicy", {{"backoffLimit", 0}}}};
+  PlanInput gone = input(spec, kRunning);
+  gone.pods = {pod(0, "Running")};
+  Plan p = planReconcile(gone);
+  EXPECT_FALSE(p.gangRestarted);
+  EXPECT_EQ(p.status["phase"], "Running");
+  EXPECT_EQ(p.status["replicaRecoveries"], 1);
+  EXPECT_EQ(p.status["disruptions"], 1);
+  EXPECT_EQ(p.status["recovery"]["ranks"], json::array({1}));
+  EXPECT_EQ(condStatus(p.status, "Disrupted"), "False");
+  bool disruptedEvent = false;
+  for (const auto& e : p.events) disruptedEvent |= e.reason == "Disrupted";
+  EXPECT_TRUE(disruptedEvent);
+  // A crash of its own afterwards is charged: the budget of 0 is spent.
+  PlanInput crash = input(spec, p.status);
+  crash.pods = {pod(0, "Failed", 0, 137), pod(1, "Running")};
+  crash.pods[1].uid = "uid-1-0-replacement";
+  crash.status.erase("recovery");
+  EXPECT_EQ(planReconcile(crash).status["phase"], "Failed");
+}
+
+// `kubectl delete pod` just as the worker finished: its pod went before its exit 0 was
+// seen, so the rank was replaced in place; then every other rank succeeds. The gang
+// finished without the replacement (the end of training is collective): the job
+// succeeds and the waiting replacement is deleted, instead of waiting for it to time out.
+TEST(Recovery, GangThatFinishedWithoutTheReplacementSucceeds) {
+  PlanInput in = input({}, kRunning);
+  in.pods = {pod(0, "Running")};
+  Plan p = planReconcile(in);
+  ASSERT_EQ(p.status["recovery"]["ranks"], json::array({1}));
+  PlanInput fin = input({}, p.status);
+  fin.pods = {pod(0, "Succeeded"), pod(1, "Running")};
+  fin.pods[1].uid = "uid-1-0-replacement";
+  Plan f = planReconcile(fin);
+  EXPECT_EQ(f.status["phase"], "Succeeded");
+  EXPECT_NE(f.status["message"].get<std::string>().find("rank(s) 1"), std::string::npos) << f.status["message"];
+  EXPECT_EQ(f.podsToDelete, std::vector<std::string>{"j-worker-1"});
+  EXPECT_FALSE(f.status.contains("recovery"));
+  // Without a recovery record a missing success is just not finished yet.
+  PlanInput plain = input({}, kRunning);
+  plain.pods = {pod(0, "Succeeded"), pod(1, "Running")};
+  EXPECT_EQ(planReconcile(plain).status["phase"], "Running");
+}
+
 TEST(Recovery, ObservedPodKnowsWhenItsContainerStarted) {
   json running = {{"metadata", {{"name", "j-worker-1"}, {"uid", "u1"}, {"labels", {{"edit.io/rank", "1"}}}}},
                   {"status", {{"phase", "Running"},

@@ -337,6 +337,17 @@ class Planner {
     }
   }
 
+  // A pod of the running gang that someone else deleted (vanished()) is a disruption in
+  // itself: the operator may never have seen its DisruptionTarget condition (an eviction
+  // whose pod went before a reconcile looked) or there was none (kubectl delete pod).
+  void noteDeletedPod(const ObservedPod& p) {
+    if (conditionTrue(st_, "Disrupted")) return;
+    const std::string msg = "pod " + p.name + " was deleted (an eviction, a drain or kubectl delete pod); "
+                            "replacing it does not count against runPolicy.backoffLimit";
+    cond("Disrupted", "True", "PodDeleted", msg);
+    event("Warning", "Disrupted", msg);
+  }
+
   // A failure is the disruption's doing when a failed pod was itself taken away, or when a
   // disruption was seen and every failed worker stopped on SIGTERM (143, 76) or vanished:
   // the evicted pod may be gone by the time the operator looks. A crash of its own (any
@@ -385,7 +396,10 @@ class Planner {
       fail("PermanentError", describeExit(*permanent) + ": a permanent error (invalid config or data, or command not runnable); not retried", true);
       return true;
     }
-    for (const auto* p : vanished()) failed.push_back(p);
+    for (const auto* p : vanished()) {
+      failed.push_back(p);
+      noteDeletedPod(*p);
+    }
     std::string reason, msg;
     bool disrupted = false;
     if (!failed.empty()) {
@@ -605,12 +619,34 @@ class Planner {
 
   bool succeeded() {
     int ok = 0;
+    std::set<int> done;
     for (const auto* p : current())
-      if (p->phase == "Succeeded") ok++;
-    if (ok < spec_->worldSize()) return false;
+      if (p->phase == "Succeeded") {
+        ok++;
+        done.insert(p->rank);
+      }
+    std::string unneeded;
+    if (ok < spec_->worldSize()) {
+      // A pod deleted just as its worker finished goes before its exit is seen, and its
+      // rank is replaced in place (vanished()). If every other rank then succeeds, the
+      // gang finished without the replacement: the end of training is collective (the
+      // final sync, evaluation and checkpoint barrier need every rank), so the deleted
+      // worker got there too. Its replacement, waiting to join, is not needed.
+      if (!recovery_ || ok == 0) return false;
+      std::vector<int> ranks;
+      for (int r = 0; r < spec_->worldSize(); ++r) {
+        if (done.count(r)) continue;
+        if (!recovery_->covers(r)) return false;
+        ranks.push_back(r);
+      }
+      for (const auto* p : current())
+        if (!done.count(p->rank) && !p->deleting) plan_.podsToDelete.push_back(p->name);
+      unneeded = "; rank(s) " + controller::rankList(ranks) +
+                 ": the pod was deleted as its worker finished, the replacement was not needed";
+    }
     setPhase("Succeeded");
     st_["completionTime"] = now_;
-    st_["message"] = "all " + std::to_string(ok) + " workers succeeded";
+    st_["message"] = "all " + std::to_string(spec_->worldSize()) + " workers succeeded" + unneeded;
     cond("Succeeded", "True", "AllWorkersSucceeded", st_["message"]);
     if (findCondition(st_, "Running")) cond("Running", "False", "Completed", "job finished");
     if (findCondition(st_, "Restarting")) cond("Restarting", "False", "Completed", "job finished");
@@ -628,6 +664,10 @@ class Planner {
       p["etaSeconds"] = 0;
     }
     cleanup(false);
+    // An unneeded replacement goes whatever cleanPodPolicy says (it would wait to join).
+    auto& del = plan_.podsToDelete;
+    std::sort(del.begin(), del.end());
+    del.erase(std::unique(del.begin(), del.end()), del.end());
     scheduleTtl();
     return true;
   }

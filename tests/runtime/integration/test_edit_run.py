@@ -145,12 +145,12 @@ for _mode in ["ddp", "localsgd", "diloco", "edit", "a-edit"]:
 
 class Robustness(EditRun):
     def test_aedit_tolerates_consistent_straggler(self):
-        # Rank 3 sleeps ~ its own step time every step: it makes fewer local steps per
+        # Rank 3 sleeps ~ twice its own step time every step: it makes fewer local steps per
         # sync, the others more, and 20+ syncs complete without deadlock.
         logs = os.path.join(self.d, "logs")
         sets = self.base_sets() + ["algorithm.mode=a-edit", "algorithm.syncSeconds=0.1", "algorithm.maxStepsPerSync=4",
                                    "training.steps=150", "debug.injectStepDelay.rank=3",
-                                   "debug.injectStepDelay.seconds=0.05"]
+                                   "debug.injectStepDelay.seconds=0.1"]
         p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs]
                            + sum((["--set", s] for s in sets), []),
                            capture_output=True, text=True, timeout=600)

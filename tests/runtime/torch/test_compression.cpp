@@ -105,13 +105,7 @@ std::vector<std::vector<RankRound>> runDistributed(const Scenario& sc, const Syn
     const int m = r / sc.N, sh = r % sc.N;
     Comm comm(test::meshFor(r, sc.M, sc.N, port));
     auto outer0 = torch::tensor(sc.outer0, torch::kFloat64).to(torch::kFloat32);
-    FlatUnit unit;
-    unit.shards = sc.N;
-    unit.shard = sh;
-    unit.chunk = chunk;
-    unit.padded = sc.P;
-    unit.slice = torch::empty({chunk});
-    unit.gradSlice = torch::empty({chunk});
+    FlatUnit unit = test::sliceUnit(sc.N, sh, sc.P);
     OuterUnit o{outer0.narrow(0, sh * chunk, chunk).clone(), torch::zeros({chunk}), torch::zeros({chunk})};
     EwmaDetector det;
     for (size_t k = 0; k < sc.D.size(); ++k) {

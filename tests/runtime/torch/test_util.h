@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm.h"
+#include "flat_units.h"
 #include "worker_config.h"
 #include "data.h"
 
@@ -62,6 +63,19 @@ inline void runRanks(int W, const std::function<void(int)>& fn) {
   for (auto& t : ts) t.join();
   for (auto& e : errs)
     if (e) std::rethrow_exception(e);
+}
+
+// One unit of `padded` parameters as shard `shard` of `shards` holds it: its slice and
+// gradient slice (contents unset), for tests that drive syncUnit directly.
+inline FlatUnit sliceUnit(int shards, int shard, int64_t padded) {
+  FlatUnit unit;
+  unit.shards = shards;
+  unit.shard = shard;
+  unit.chunk = padded / shards;
+  unit.padded = padded;
+  unit.slice = torch::empty({unit.chunk});
+  unit.gradSlice = torch::empty({unit.chunk});
+  return unit;
 }
 
 inline std::string tempDir(const std::string& name) {

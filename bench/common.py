@@ -54,7 +54,7 @@ def run_cmd(cmd, check=True, quiet=False):
 
 
 def unit_sizes(shape, shards):
-    """Parameters per unit, padded to a multiple of shards (runtime/src/model.cpp modelLayout)."""
+    """Parameters per unit, padded to a multiple of shards (runtime/src/model/model.cpp modelLayout)."""
     d, f, v, L = shape["dim"], shape["ffn"], shape["vocab"], shape["layers"]
     units = [v * d] + [2 * d + 4 * d * d + 3 * f * d] * L + [d + v * d]
     return [(n + shards - 1) // shards * shards for n in units]
@@ -65,7 +65,7 @@ def param_count(shape):
 
 
 def flops_per_token(shape, seq):
-    """runtime/src/model.cpp flopsPerToken: 6 x matmul params + 3 x causal attention."""
+    """runtime/src/model/model.cpp flopsPerToken: 6 x matmul params + 3 x causal attention."""
     matmul = param_count(shape) - shape["vocab"] * shape["dim"]
     attn = 2.0 * shape["layers"] * seq * shape["dim"]
     return 6.0 * matmul + 3.0 * attn

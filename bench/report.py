@@ -45,7 +45,7 @@ def write_report(out, args, cfg_common, results, gemm, links, skipped, started, 
       f"tau = {cfg_common['tau']}, straggler delay {fmt(cfg_common.get('delay'), 3)} s "
       f"(4x1) / {fmt(cfg_common.get('delay_2x2'), 3)} s (2x2) = the layout's step time (the fastest "
       f"median step time of its normal ddp/localsgd/diloco/edit runs), a-edit syncSeconds = tau x that step time. Model FLOPs per token "
-      f"{fpt / 1e6:.2f} M (runtime/src/model.cpp flopsPerToken).")
+      f"{fpt / 1e6:.2f} M (runtime/src/model/model.cpp flopsPerToken).")
     A("")
     A("Columns: **tok/s** = job tokens / the slowest worker's run time (setup and final "
       "evaluation included); **steady** = tokens/s after the warm-up (from time-stamped progress "

@@ -32,7 +32,7 @@ def shape_params(dim, layers, ffn, vocab):
 
 
 def flops_per_token(dim, layers, ffn, vocab, seq):
-    # runtime/src/model.cpp flopsPerToken: 6 x matmul params + 3 x causal attention.
+    # runtime/src/model/model.cpp flopsPerToken: 6 x matmul params + 3 x causal attention.
     matmul = shape_params(dim, layers, ffn, vocab) - vocab * dim
     return 6.0 * matmul + 3.0 * 2.0 * layers * seq * dim
 

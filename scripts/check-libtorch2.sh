@@ -104,7 +104,7 @@ uses_torch() {
 }
 shopt -s nullglob
 units=()
-for f in "$root"/runtime/src/*.cpp "$root"/runtime/tools/*.cpp; do
+for f in "$root"/runtime/src/*.cpp "$root"/runtime/src/*/*.cpp "$root"/runtime/tools/*.cpp; do
   if uses_torch "$f"; then units+=("$f"); fi
 done
 [ ${#units[@]} -gt 0 ] || { echo "check-libtorch2: no LibTorch translation units found" >&2; exit 1; }

@@ -8,7 +8,7 @@
 #    and -DEDIT_SANITIZE=ON (the top-level CMake adds -fsanitize=address,undefined);
 # 2. builds only what needs no LibTorch: runtime_unit_light, operator_unit,
 #    operator_runtime_config, fuzz_replay_light, telemetry_garbage_test, and the fuzzers
-#    (the checkpoint fuzzers compile runtime/src/checkpoint.cpp alone against LibTorch);
+#    (the checkpoint fuzzers compile runtime/src/train/checkpoint.cpp alone against LibTorch);
 # 3. runs those unit tests (ctest -L unit) under ASan+UBSan (+LeakSanitizer when ptrace
 #    allows it), halting on the first UB report;
 # 4. runs each fuzzer for FUZZ_SECONDS (default 30) on its committed seed corpus plus a

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "data.h"
+#include "data/data.h"
 
 namespace {
 

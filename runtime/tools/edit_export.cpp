@@ -20,11 +20,11 @@
 #include <optional>
 #include <thread>
 
-#include "blas_env.h"
-#include "checkpoint.h"
-#include "data.h"
-#include "hf_export.h"
-#include "safetensors.h"
+#include "bin/blas_env.h"
+#include "train/checkpoint.h"
+#include "data/data.h"
+#include "export/hf_export.h"
+#include "export/safetensors.h"
 
 using namespace edit;
 using nlohmann::json;

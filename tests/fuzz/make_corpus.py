@@ -152,7 +152,7 @@ def tokenfiles():
 
 
 # ---------------------------------------------------------------- checkpoint files
-# Layout (runtime/src/checkpoint.cpp): "EDITCKP1", u32 count, per tensor: u32 name length,
+# Layout (runtime/src/train/checkpoint.cpp): "EDITCKP1", u32 count, per tensor: u32 name length,
 # name, i32 c10::ScalarType (4 Long, 6 Float, 7 Double), u32 dim, i64 sizes[dim],
 # u64 nbytes, data; then CRC-32 (zlib's) of everything before it.
 LONG, FLOAT, DOUBLE = 4, 6, 7

@@ -1,4 +1,4 @@
-// Fuzz inputs through the checkpoint readers (runtime/src/checkpoint.h):
+// Fuzz inputs through the checkpoint readers (runtime/src/train/checkpoint.h):
 //   fuzzCheckpointOne: the bytes as a rank file, read twice: as they are, and with the
 //     last four bytes replaced by the right CRC-32 (so that mutations get past the
 //     checksum and reach the tensor parser); an accepted file is written back with
@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "checkpoint.h"
+#include "train/checkpoint.h"
 #include "fuzz_util.h"
 
 namespace edit::fuzz {

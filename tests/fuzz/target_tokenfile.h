@@ -1,4 +1,4 @@
-// One fuzz input through the token-file reader (runtime/src/data.h): the bytes become a
+// One fuzz input through the token-file reader (runtime/src/data/data.h): the bytes become a
 // file, TokenFile::open reads it, every token is read back, and a BatchSampler draws
 // batches from it.
 // Contract checked: only DataError is thrown; copy(), at() and maxToken() agree; every
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "data.h"
+#include "data/data.h"
 #include "fuzz_util.h"
 
 namespace edit::fuzz {

@@ -1,6 +1,6 @@
 // Telemetry over real TLS: a throwaway CA and server certificate (openssl, SAN
 // 127.0.0.1/localhost) made at test time; the operator's TelemetryServer with them and
-// the worker's TelemetryClient (runtime/src/telemetry.h) or raw gRPC stubs against it.
+// the worker's TelemetryClient (runtime/src/telemetry/telemetry.h) or raw gRPC stubs against it.
 // Also the startup errors of the operator's TLS flags.
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
@@ -18,7 +18,7 @@
 #include "telemetry/server.h"
 #ifdef EDIT_WITH_WORKER_CLIENT
 #include "worker_config.h"     // the worker config (runtime/src)
-#include "telemetry.h"  // the worker client (runtime/src)
+#include "telemetry/telemetry.h"  // the worker client (runtime/src)
 #endif
 
 namespace edit::op::testing {

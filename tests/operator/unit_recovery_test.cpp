@@ -223,7 +223,7 @@ TEST(Recovery, SecondRankFailingJoinsTheRecoveryInProgress) {
 
 TEST(Recovery, Rank0IsReplacedInPlaceToo) {
   // Rank 0 hosted the rendezvous store; its replacement hosts a fresh one at the same
-  // address and the survivors reconnect (runtime/src/rendezvous.h).
+  // address and the survivors reconnect (runtime/src/dist/rendezvous.h).
   PlanInput in = input({}, kRunning);
   in.pods = {pod(0, "Failed", 0, 137), pod(1, "Running")};
   Plan p = planReconcile(in);

@@ -14,9 +14,9 @@
 #include <limits>
 #include <random>
 
-#include "checkpoint.h"
-#include "hf_export.h"
-#include "safetensors.h"
+#include "train/checkpoint.h"
+#include "export/hf_export.h"
+#include "export/safetensors.h"
 
 using namespace edit;
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-"""An independent reader of edit-train checkpoint files (runtime/src/checkpoint.h)."""
+"""An independent reader of edit-train checkpoint files (runtime/src/train/checkpoint.h)."""
 import struct
 import zlib
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "data.h"
+#include "data/data.h"
 
 using namespace edit::data;
 

@@ -1,11 +1,11 @@
-// The in-place recovery's decisions (runtime/src/recovery_plan.h): which sync round every
+// The in-place recovery's decisions (runtime/src/train/recovery_plan.h): which sync round every
 // rank continues from, who copies the outer state from whom, and at which step. Each case
 // is a table the ranks could exchange after a real loss (docs/replica-recovery.md).
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "recovery_plan.h"
+#include "train/recovery_plan.h"
 
 using edit::planRecovery;
 using edit::RecoveryOffer;

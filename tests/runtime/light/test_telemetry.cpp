@@ -20,7 +20,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "edit/v1alpha1/telemetry.grpc.pb.h"
-#include "telemetry.h"
+#include "telemetry/telemetry.h"
 
 namespace pb = edit::v1alpha1;
 using namespace std::chrono_literals;
@@ -113,7 +113,7 @@ edit::StepReport sampleReport() {
   r.stepSeconds = 0.125;
   r.computeSeconds = 0.1;
   r.commWaitSeconds = 0.5;
-  r.syncSeconds = 0.25;
+  r.lastSyncDurationSeconds = 0.25;
   r.synced = true;
   r.syncRounds = 2;
   r.anomalies = 1;

@@ -1,4 +1,4 @@
-// The -DEDIT_MINIMAL=ON telemetry (runtime/src/telemetry_off.cpp), built here beside the
+// The -DEDIT_MINIMAL=ON telemetry (runtime/src/telemetry/telemetry_off.cpp), built here beside the
 // real one: asking for /metrics or for telemetry fails at startup and names the setting
 // and the build option; edit-train turns that into exit 2 with the message.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "telemetry.h"
+#include "telemetry/telemetry.h"
 
 namespace {
 

@@ -4,11 +4,11 @@
 #include <cmath>
 #include <limits>
 
-#include "cpu_allocator.h"
-#include "flat_units.h"
-#include "optim.h"
-#include "outer_sync.h"
-#include "penalty.h"
+#include "model/cpu_allocator.h"
+#include "dist/flat_units.h"
+#include "sync/optim.h"
+#include "sync/outer_sync.h"
+#include "sync/penalty.h"
 
 using namespace edit;
 

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint.h"
+#include "train/checkpoint.h"
 #include "test_util.h"
 
 using namespace edit;

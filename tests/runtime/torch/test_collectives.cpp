@@ -5,7 +5,7 @@
 #include <memory>
 #include <thread>
 
-#include "comm.h"
+#include "dist/comm.h"
 #include "test_util.h"
 
 using namespace edit;

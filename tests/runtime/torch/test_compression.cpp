@@ -9,9 +9,9 @@
 #include <limits>
 #include <random>
 
-#include "compression.h"
+#include "sync/compression.h"
 #include "compression_reference.h"
-#include "outer_sync.h"
+#include "sync/outer_sync.h"
 #include "penalty_reference.h"
 #include "test_util.h"
 

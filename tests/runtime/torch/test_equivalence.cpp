@@ -10,11 +10,11 @@
 #include <limits>
 
 #include "compression_reference.h"
-#include "model.h"
+#include "model/model.h"
 #include "penalty_reference.h"
-#include "optim.h"
+#include "sync/optim.h"
 #include "test_util.h"
-#include "trainer.h"
+#include "train/trainer.h"
 
 using namespace edit;
 

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "test_util.h"
-#include "trainer.h"
+#include "train/trainer.h"
 
 using namespace edit;
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <functional>
 
-#include "model.h"
+#include "model/model.h"
 
 using namespace edit;
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <random>
 
-#include "outer_sync.h"
+#include "sync/outer_sync.h"
 #include "penalty_reference.h"
 #include "test_util.h"
 

@@ -12,7 +12,7 @@
 
 #include "penalty_reference.h"
 #include "test_util.h"
-#include "trainer.h"
+#include "train/trainer.h"
 
 using namespace edit;
 

@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint.h"
+#include "train/checkpoint.h"
 #include "test_util.h"
-#include "trainer.h"
+#include "train/trainer.h"
 
 using namespace edit;
 

@@ -15,10 +15,10 @@
 #include <thread>
 #include <vector>
 
-#include "comm.h"
-#include "flat_units.h"
+#include "dist/comm.h"
+#include "dist/flat_units.h"
 #include "worker_config.h"
-#include "data.h"
+#include "data/data.h"
 
 namespace edit::test {
 

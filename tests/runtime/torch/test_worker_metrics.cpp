@@ -7,7 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "telemetry.h"
+#include "telemetry/telemetry.h"
 
 using namespace edit;
 

@@ -1,0 +1,129 @@
+#include "dist/rendezvous.h"
+
+#include <chrono>
+#include <thread>
+
+namespace edit {
+namespace {
+
+std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+int64_t parse(const std::vector<uint8_t>& v) {
+  try {
+    return std::stoll(text(v));
+  } catch (const std::exception&) {
+    throw PeerLost("rendezvous: the store holds a malformed generation \"" + text(v) + "\"");
+  }
+}
+
+}  // namespace
+
+Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(spec)) {
+  if (spec.rank != 0) return;
+  if (!spec.join) {
+    store_->set(key("generation"), bytes("0"));
+    store_->set(key("0/formed"), bytes("1"));
+  } else {
+    // The store died with the old rank 0; this one is fresh. Generation 1 is open: the
+    // survivors reconnect to it (same address) and meet here.
+    store_->set(key("generation"), bytes("1"));
+  }
+}
+
+std::string Rendezvous::prefix() const {
+  return spec_.storePrefix + "g" + std::to_string(generation_) + "/";
+}
+
+void Rendezvous::checkCancel(const std::atomic<bool>& cancel) {
+  if (cancel) throw PeerLost("rendezvous: stopped by SIGTERM while waiting for peers");
+}
+
+void Rendezvous::arrive(int64_t gen, double deadline, const std::atomic<bool>& cancel) {
+  const std::string g = std::to_string(gen);
+  if (store_->add(key(g + "/arrived"), 1) == spec_.world) store_->set(key(g + "/formed"), bytes("1"));
+  // Poll rather than Store::wait: the survivors' wait must end at the recovery deadline,
+  // not at the (unrelated) collective timeout the store was opened with.
+  while (!store_->check({key(g + "/formed")})) {
+    checkCancel(cancel);
+    if (nowSeconds() > deadline)
+      throw PeerLost("rendezvous: generation " + g + " did not form within runtime.rendezvousTimeoutSeconds (" +
+                     std::to_string(static_cast<int64_t>(store_->add(key(g + "/arrived"), 0))) + " of " +
+                     std::to_string(spec_.world) + " ranks arrived)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  generation_ = gen;
+}
+
+void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) {
+  const double deadline = nowSeconds() + timeoutSeconds;
+  const std::string cur = std::to_string(generation_), next = std::to_string(generation_ + 1);
+  try {
+    // Whoever comes first moves the counter; the rest read the value it moved to.
+    const int64_t gen = parse(store_->compareSet(key("generation"), bytes(cur), bytes(next)));
+    arrive(gen, deadline, cancel);
+    return;
+  } catch (const PeerLost&) {
+    throw;
+  } catch (const std::exception&) {
+    // The store is gone: rank 0 died, before or while we waited. Its replacement hosts a
+    // fresh store at the same address (MASTER_ADDR names rank 0's pod, not its IP); meet it
+    // there.
+  }
+  reconnect(deadline, cancel);
+  waitForOpenGeneration(deadline, cancel);
+}
+
+void Rendezvous::reconnect(double deadline, const std::atomic<bool>& cancel) {
+  MeshSpec client = spec_;
+  client.join = true;  // never host: only rank 0's replacement does
+  client.rank = std::max(1, spec_.rank);
+  // Short attempts: until the replacement listens (and its name resolves) each one fails,
+  // and a long one would make every survivor wait out its end after the store is back.
+  client.timeoutSeconds = 1;
+  std::string last;
+  while (nowSeconds() < deadline) {
+    checkCancel(cancel);
+    try {
+      store_ = connectStore(client);
+      store_->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(spec_.timeoutSeconds * 1000)));
+      return;
+    } catch (const std::exception& e) {
+      last = e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  throw PeerLost("rendezvous: rank 0's store did not come back within runtime.rendezvousTimeoutSeconds (" +
+                 last + ")");
+}
+
+void Rendezvous::join(double timeoutSeconds, const std::atomic<bool>& cancel) {
+  waitForOpenGeneration(nowSeconds() + timeoutSeconds, cancel);
+}
+
+void Rendezvous::waitForOpenGeneration(double deadline, const std::atomic<bool>& cancel) {
+  try {
+    for (;;) {
+      if (store_->check({key("generation")})) {
+        const int64_t gen = parse(store_->get(key("generation")));
+        // The generation still running (formed) lost us; wait until the survivors notice
+        // and open the next one.
+        if (!store_->check({key(std::to_string(gen) + "/formed")})) {
+          arrive(gen, deadline, cancel);
+          return;
+        }
+      }
+      checkCancel(cancel);
+      if (nowSeconds() > deadline)
+        throw PeerLost("rendezvous: no recovery generation opened within runtime.rendezvousTimeoutSeconds "
+                       "(did the survivors exit?)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  } catch (const PeerLost&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw PeerLost(std::string("rendezvous: the store (hosted by rank 0) is unreachable: ") + e.what());
+  }
+}
+
+}  // namespace edit

@@ -1,0 +1,53 @@
+// Recovery generations on the job's store (docs/replica-recovery.md).
+//
+// Generation 0 is the job as started. When a peer is lost, every survivor moves the
+// store's generation counter from g to g+1 (compare-and-set: the first one wins, the
+// others see g+1) and waits there; a replacement (EDIT_JOIN=1) waits until the counter
+// names a generation that is still forming and joins it. A generation is formed when all
+// WORLD_SIZE ranks arrived; then each builds its process groups under the generation's
+// prefix. Rank 0 hosts the store: when rank 0 dies, its replacement hosts a fresh store at
+// the same address with generation 1 open, and the survivors reconnect to it.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "dist/comm.h"
+
+namespace edit {
+
+class Rendezvous {
+ public:
+  // Connects to (rank 0: hosts) the job's store. Rank 0 marks generation 0 formed.
+  explicit Rendezvous(const MeshSpec& spec);
+
+  c10::intrusive_ptr<c10d::Store> store() const { return store_; }
+  int64_t generation() const { return generation_; }
+  // Store prefix of the process groups of the current generation.
+  std::string prefix() const;
+
+  // A survivor of generation `generation()`: moves to the next one and waits until every
+  // rank arrived. Throws PeerLost after timeoutSeconds or once `cancel` is set (SIGTERM).
+  void rejoin(double timeoutSeconds, const std::atomic<bool>& cancel);
+  // A replacement: waits for a generation that is forming, joins it and waits until it
+  // is formed. Throws PeerLost after timeoutSeconds or once `cancel` is set.
+  void join(double timeoutSeconds, const std::atomic<bool>& cancel);
+
+ private:
+  std::string key(const std::string& k) const { return spec_.storePrefix + "rdzv/" + k; }
+  void arrive(int64_t gen, double deadline, const std::atomic<bool>& cancel);
+  // Waits until the counter names a generation still forming, then arrives in it.
+  void waitForOpenGeneration(double deadline, const std::atomic<bool>& cancel);
+  // A new client connection to MASTER_ADDR:MASTER_PORT (after rank 0's store died).
+  void reconnect(double deadline, const std::atomic<bool>& cancel);
+  static void checkCancel(const std::atomic<bool>& cancel);
+
+  MeshSpec spec_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  int64_t generation_ = 0;
+};
+
+}  // namespace edit

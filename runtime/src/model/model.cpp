@@ -1,0 +1,236 @@
+#include "model/model.h"
+
+#include <cmath>
+#include <limits>
+
+#include "data/data.h"
+
+namespace edit {
+
+ModelShape shapeOf(const ModelConfig& m) {
+  return {m.vocabSize, m.dim, m.layers, m.heads, m.ffnDim, m.ropeTheta, m.normEps, m.initStd};
+}
+
+static void add(UnitLayout& u, std::string name, std::vector<int64_t> shape, double std) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = std::move(shape);
+  p.numel = 1;
+  for (auto d : p.shape) p.numel *= d;
+  p.offset = u.numel;
+  p.decay = p.shape.size() >= 2;
+  p.initStd = std;
+  u.numel += p.numel;
+  u.params.push_back(std::move(p));
+}
+
+std::vector<UnitLayout> modelLayout(const ModelShape& s) {
+  std::vector<UnitLayout> units;
+  const double std = s.initStd;
+  // Residual output projections are scaled down with depth (GPT-2 style) so the residual
+  // stream's variance does not grow with the number of layers.
+  const double outStd = s.initStd / std::sqrt(2.0 * static_cast<double>(s.layers));
+  UnitLayout embed{"embed", UnitKind::Embedding, {}, 0};
+  add(embed, "tok_embeddings", {s.vocab, s.dim}, std);
+  units.push_back(embed);
+  for (int64_t l = 0; l < s.layers; ++l) {
+    UnitLayout b{"block." + std::to_string(l), UnitKind::Block, {}, 0};
+    // q, k, v stacked (and gate, up stacked): one matmul each instead of three and two.
+    add(b, "attn_norm", {s.dim}, 0);
+    add(b, "wqkv", {3 * s.dim, s.dim}, std);
+    add(b, "wo", {s.dim, s.dim}, outStd);
+    add(b, "ffn_norm", {s.dim}, 0);
+    add(b, "w13", {2 * s.ffn, s.dim}, std);
+    add(b, "w2", {s.dim, s.ffn}, outStd);
+    units.push_back(b);
+  }
+  UnitLayout head{"head", UnitKind::Head, {}, 0};
+  add(head, "norm", {s.dim}, 0);
+  add(head, "output", {s.vocab, s.dim}, std);
+  units.push_back(head);
+  return units;
+}
+
+int64_t parameterCount(const ModelShape& s) {
+  int64_t n = 0;
+  for (const auto& u : modelLayout(s)) n += u.numel;
+  return n;
+}
+
+double flopsPerToken(const ModelShape& s, int64_t seqLen) {
+  // Matmul parameters (the embedding lookup is not a matmul) and causal attention
+  // scores + values: 2 * T * d per layer forward, halved by the mask; x3 for backward.
+  const double matmul = static_cast<double>(parameterCount(s) - s.vocab * s.dim);
+  const double attn = 2.0 * s.layers * seqLen * s.dim;
+  return 6.0 * matmul + 3.0 * attn;
+}
+
+torch::Tensor initialUnitValues(const UnitLayout& u, int index, uint64_t seed) {
+  auto flat = torch::empty({u.numel}, torch::kFloat32);
+  fillInitialUnitValues(u, index, seed, flat);
+  return flat;
+}
+
+void fillInitialUnitValues(const UnitLayout& u, int index, uint64_t seed, torch::Tensor flat) {
+  torch::NoGradGuard ng;
+  auto gen = at::detail::createCPUGenerator(data::mix64(seed ^ data::mix64(index + 1)));
+  for (const auto& p : u.params) {
+    auto view = flat.narrow(0, p.offset, p.numel);
+    if (p.initStd == 0) {
+      view.fill_(1.0);
+    } else {
+      view.normal_(0.0, p.initStd, gen);
+    }
+  }
+}
+
+std::vector<torch::Tensor> parameterViews(const UnitLayout& u, const torch::Tensor& flat) {
+  std::vector<torch::Tensor> views;
+  views.reserve(u.params.size());
+  for (const auto& p : u.params) views.push_back(flat.narrow(0, p.offset, p.numel).view(p.shape));
+  return views;
+}
+
+Rope makeRope(const ModelShape& s, int64_t seqLen) {
+  const int64_t half = s.headDim() / 2;
+  auto i = torch::arange(half, torch::kFloat64);
+  auto invFreq = torch::pow(s.ropeTheta, -2.0 * i / static_cast<double>(s.headDim()));
+  auto t = torch::arange(seqLen, torch::kFloat64);
+  auto angles = torch::outer(t, invFreq);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.headDim()));
+  Rope r;
+  r.cos = angles.cos().to(torch::kFloat32);
+  r.sin = angles.sin().to(torch::kFloat32);
+  r.qcos = (angles.cos() * scale).to(torch::kFloat32);
+  r.qsin = (angles.sin() * scale).to(torch::kFloat32);
+  r.mask = torch::full({seqLen, seqLen}, -std::numeric_limits<float>::infinity()).triu(1);
+  return r;
+}
+
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// RMSNorm with its backward written out: saves only x and the per-row 1/rms.
+//   y = x * r * g,  r = (mean(x^2) + eps)^-1/2
+//   dx = r * (dy*g - xh * mean(dy*g*xh)),  xh = x*r;   dg = sum_rows(dy * xh)
+struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& gain,
+                               double eps) {
+    const double d = static_cast<double>(x.size(-1));
+    auto r = at::linalg_vector_norm(x, 2, {-1}, true, c10::nullopt);  // one pass, no x^2 temporary
+    r.square_().div_(d).add_(eps).rsqrt_();
+    ctx->save_for_backward({x, gain, r});
+    return (x * r).mul_(gain);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &gain = saved[1], &r = saved[2];
+    const auto& dy = grads[0];
+    auto xh = x * r;
+    auto dg = (dy * xh).reshape({-1, x.size(-1)}).sum(0);
+    auto dyg = dy * gain;
+    auto c = (dyg * xh).mean(-1, true);
+    auto dx = dyg.sub_(xh.mul_(c)).mul_(r);
+    return {dx, dg, torch::Tensor()};
+  }
+};
+
+// Rotary embedding on [B, H, T, hd]: a rotation, so the backward is the inverse rotation
+// and nothing needs saving but the tables. Written into halves of one output: no cat.
+//   y1 = x1 c - x2 s,  y2 = x2 c + x1 s;   dx1 = d1 c + d2 s,  dx2 = d2 c - d1 s
+torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& c, const torch::Tensor& s, bool inverse) {
+  const int64_t half = x.size(-1) / 2;
+  auto y = torch::empty_like(x, at::MemoryFormat::Contiguous);
+  auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  auto y1 = y.narrow(-1, 0, half), y2 = y.narrow(-1, half, half);
+  const double sign = inverse ? 1.0 : -1.0;
+  at::mul_out(y1, x1, c).addcmul_(x2, s, sign);
+  at::mul_out(y2, x2, c).addcmul_(x1, s, -sign);
+  return y;
+}
+
+struct RopeFn : torch::autograd::Function<RopeFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return rotate(x, cos, sin, false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {rotate(grads[0], saved[0], saved[1], true), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// SwiGLU on h = [a | b]: y = silu(a) * b. Saves h only (no silu(a) or sigmoid copies).
+//   da = dy * b * s * (1 + a (1 - s)),  db = dy * silu(a),  s = sigmoid(a)
+struct SwigluFn : torch::autograd::Function<SwigluFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h) {
+    const int64_t f = h.size(-1) / 2;
+    ctx->save_for_backward({h});
+    auto a = h.narrow(-1, 0, f), b = h.narrow(-1, f, f);
+    return at::silu(a).mul_(b);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto h = ctx->get_saved_variables()[0];
+    const int64_t f = h.size(-1) / 2;
+    auto a = h.narrow(-1, 0, f), b = h.narrow(-1, f, f);
+    const auto& dy = grads[0];
+    auto dh = torch::empty_like(h, at::MemoryFormat::Contiguous);
+    auto da = dh.narrow(-1, 0, f), db = dh.narrow(-1, f, f);
+    auto sg = at::sigmoid(a);
+    at::mul_out(db, a, sg).mul_(dy);                  // db = silu(a) dy
+    auto t = (1 - sg).mul_(a).add_(1).mul_(sg);       // silu'(a)
+    at::mul_out(da, dy, b).mul_(t);
+    return {dh};
+  }
+};
+}  // namespace
+
+torch::Tensor rmsNorm(const torch::Tensor& x, const torch::Tensor& gain, double eps) {
+  return RmsNormFn::apply(x, gain, eps);
+}
+
+torch::Tensor applyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t T = x.size(2), half = x.size(3) / 2;
+  return RopeFn::apply(x, cos.narrow(0, 0, T).view({T, half}), sin.narrow(0, 0, T).view({T, half}));
+}
+
+torch::Tensor swiglu(const torch::Tensor& h) { return SwigluFn::apply(h); }
+
+torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& mask) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), hd = q.size(3);
+  // [B*H, T, hd] views (q, k, v are contiguous): batched matmuls with no reshape copies.
+  auto q3 = q.reshape({B * H, T, hd}), k3 = k.reshape({B * H, T, hd}), v3 = v.reshape({B * H, T, hd});
+  auto scores = torch::bmm(q3, k3.transpose(1, 2));
+  scores.add_(mask.narrow(0, 0, T).narrow(1, 0, T));  // in place: the bmm's backward needs no output
+  return torch::bmm(torch::softmax(scores, -1), v3).view({B, H, T, hd});
+}
+
+torch::Tensor embedForward(const std::vector<torch::Tensor>& p, const torch::Tensor& tokens) {
+  return torch::embedding(p[0], tokens);
+}
+
+torch::Tensor blockForward(const std::vector<torch::Tensor>& p, const torch::Tensor& x,
+                           const Rope& rope, const ModelShape& s) {
+  const int64_t B = x.size(0), T = x.size(1), H = s.heads, hd = s.headDim();
+  auto h = rmsNorm(x, p[0], s.normEps);
+  // One projection for q, k, v, then one copy into [3, B, H, T, hd] so every later op
+  // reads contiguous heads.
+  auto qkv = torch::linear(h, p[1]).view({B, T, 3, H, hd}).permute({2, 0, 3, 1, 4}).contiguous();
+  auto q = applyRope(qkv[0], rope.qcos, rope.qsin);  // also scales by 1/sqrt(hd)
+  auto k = applyRope(qkv[1], rope.cos, rope.sin);
+  auto attn = causalAttention(q, k, qkv[2], rope.mask).transpose(1, 2).reshape({B, T, s.dim});
+  auto x1 = x + torch::linear(attn, p[2]);
+  auto ffn = torch::linear(swiglu(torch::linear(rmsNorm(x1, p[3], s.normEps), p[4])), p[5]);
+  return x1 + ffn;
+}
+
+torch::Tensor headLoss(const std::vector<torch::Tensor>& p, const torch::Tensor& x,
+                       const torch::Tensor& targets, const ModelShape& s) {
+  auto logits = torch::linear(rmsNorm(x, p[0], s.normEps), p[1]);
+  return torch::nn::functional::cross_entropy(logits.view({-1, s.vocab}), targets.reshape({-1}));
+}
+
+}  // namespace edit

@@ -1,0 +1,67 @@
+// EDiT's synchronization of one unit (docs/algorithm.md, "One sync round"), also used for
+// the DiLoCo and post-local-SGD baselines with the penalty switched off.
+//
+// Runs on the communication stream, in forward order, before the unit's all-gather, so
+// the sync of unit l+1 overlaps the forward of unit l. Every vector here is this rank's
+// slice of the unit; norms are completed over the shard group, averages over the sync
+// group. All ranks of a sync group compute the same weights and the same averaged
+// pseudo-gradient, so their outer weights stay bit-identical.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "dist/comm.h"
+#include "modes.h"
+#include "worker_config.h"
+#include "dist/flat_units.h"
+#include "sync/penalty.h"
+
+namespace edit {
+
+struct OuterUnit {
+  torch::Tensor outer;     // [chunk] outer (global) weights
+  torch::Tensor momentum;  // [chunk] Nesterov buffer
+  // [chunk] error feedback of algorithm.syncCompression int8: what quantization has not
+  // sent yet of this rank's pseudo-gradient (undefined without compression). Per rank,
+  // not shared by the sync group like the two above.
+  torch::Tensor residual;
+  // With algorithm.offloadOuterState on a GPU both live in pinned host memory and visit
+  // the device only while their unit synchronizes.
+};
+
+struct SyncSettings {
+  PenaltyConfig penalty;   // anomaly/weighted/clip switches and their parameters
+  double lr = 0.7, momentum = 0.8;
+  bool nesterov = true;
+  bool stepShare = false;  // A-EDiT: blend the replicas' share of steps into the weights
+  bool int8 = false;       // algorithm.syncCompression int8 (OuterUnit::residual defined)
+  int64_t block = 256;     // algorithm.compressionBlock
+  // Any part of the penalty on. Off (the baselines): a plain average, no norms computed,
+  // so none of the penalty's collectives run; NaN/Inf is then not caught either.
+  bool penaltyOn() const { return penalty.anomaly || penalty.weighted || penalty.clip || stepShare; }
+};
+
+// The settings a mode runs with: the baselines switch the penalty off and use their own
+// published outer optimizer (diloco: momentum 0.9 unless set; localsgd: plain averaging).
+SyncSettings syncSettingsFor(const AlgorithmConfig& a);
+
+struct UnitSyncResult {
+  bool anomaly = false;     // this replica's pseudo-gradient was eliminated
+  bool skipped = false;     // every replica anomalous: no outer step
+  double norm = 0;          // g: this replica's pseudo-gradient norm (whole unit; 0 without penalty)
+  double averagedNorm = 0;  // norm of the averaged pseudo-gradient before clipping (penalty on)
+  double sliceSq = 0;       // this rank's part of its square (always; the trainer completes it)
+  double clipFactor = 1;
+  double weight = 0;        // this replica's weight
+};
+
+UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& outer, EwmaDetector& detector,
+                        const SyncSettings& s, double stepsSinceSync);
+
+// The outer optimizer step alone: SGD with (Nesterov) momentum, dampening 0, like
+// torch.optim.SGD. Exposed for tests.
+// Overwrites `grad` (scratch).
+void outerStep(torch::Tensor& outer, torch::Tensor& momentum, torch::Tensor& grad,
+               double lr, double mu, bool nesterov);
+
+}  // namespace edit

@@ -1,0 +1,230 @@
+// The training loop of one worker: sharded forward/backward, the inner AdamW step, and
+// the synchronization schedule of each mode (ddp, localsgd, diloco, edit, a-edit).
+// Model (model.h), parallelism (comm.h, flat_units.h) and the algorithm (outer_sync.h,
+// penalty.h) live elsewhere; this file only decides what runs when.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dist/comm.h"
+#include "exit_codes.h"
+#include "modes.h"
+#include "worker_config.h"
+#include "data/data.h"
+#include "dist/flat_units.h"
+#include "sync/optim.h"
+#include "sync/outer_sync.h"
+#include "sync/penalty.h"
+#include "dist/rendezvous.h"
+#include "telemetry/report.h"
+
+namespace edit {
+
+struct RecoveryPlan;  // train/recovery_plan.h
+
+// The outer step of a unit was skipped algorithm.penalty.maxSkippedRounds sync rounds in a
+// row (every replica anomalous each time): the model no longer learns. Every rank sees the
+// same verdicts, so all of them throw at the same round.
+struct TrainingStalled : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The survivors' exchanged state rules an in-place recovery out (every rank decides alike):
+// nothing to retry, edit-train exits 75.
+struct RecoveryImpossible : PeerLost {
+  using PeerLost::PeerLost;
+};
+
+// Thrown out of Trainer::run() on the ranks that leave alone (kExitLeft).
+struct LeftAlone : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainResult {
+  int64_t steps = 0;         // steps done by this rank
+  bool stopped = false;      // stopped early on request (checkpoint saved)
+  double finalLoss = 0;      // training loss of the last step
+  double valLoss = -1;       // world-mean validation loss at the end (-1: no val data)
+  uint64_t tokens = 0;       // tokens of this rank (including those before a resume)
+  uint64_t tokensThisRun = 0;  // tokens this process trained
+  double seconds = 0;         // the whole run: start-up, training, final evaluation and checkpoint
+  double trainSeconds = 0;    // the training loop and its final sync only (steady tokens/s)
+  double startupSeconds = 0;  // from run() to the first step (groups, weights, data, resume)
+  uint64_t syncRounds = 0, anomalies = 0;
+  uint64_t outerSkips = 0;   // units whose outer step a round skipped (every replica anomalous)
+  int64_t resumedFrom = -1;  // checkpoint step resumed from (-1: fresh start)
+  bool joined = false;       // started as a replacement (EDIT_JOIN=1)
+  int recoveries = 0;        // in-place recoveries this process took part in
+  double recoverySeconds = 0;     // time from noticing the lost peer to training again
+  int64_t stepsRolledBack = 0;    // local steps of this rank undone by recoveries
+  CommCounts comm;
+  MemoryPlan memory;         // what the state and buffers of this rank should take
+};
+
+struct TrainerHooks {
+  std::function<void(const StepReport&)> onStep;  // after every step (training thread)
+  std::function<void(const std::string&)> log;    // human-readable log lines
+};
+
+class Trainer {
+ public:
+  Trainer(Config cfg, MeshSpec mesh, TrainerHooks hooks = {});
+  ~Trainer();
+  TrainResult run();
+
+  // Safe from other threads and signal handlers' helpers: acted on at the next point
+  // where every rank can agree (every step in synchronous phases, else the next sync).
+  void requestStop() { stopRequested_ = true; }
+  void requestCheckpoint() { checkpointRequested_ = true; }
+
+  // Inspection for tests.
+  const std::vector<FlatUnit>& units() const { return units_; }
+  const BufferCache& buffers() const { return *buffers_; }
+  const std::vector<OuterUnit>& outer() const { return outer_; }
+  const std::vector<EwmaDetector>& detectors() const { return detectors_; }
+  const Comm& comm() const { return *comm_; }
+  int64_t totalSteps() const { return totalSteps_; }
+
+ private:
+  struct Control {
+    bool stop = false, checkpoint = false;
+    int64_t replicaSteps = 0;  // steps summed over replicas
+  };
+  struct StepOutcome {  // what one step saw
+    double loss = 0;
+    bool synced = false;
+    double syncWork = 0;  // seconds of sync work on the communication stream
+    double pseudoGradNormSq = 0;
+    uint64_t anomalies = 0;
+    std::vector<bool> skipped;  // per unit: every replica anomalous, outer step skipped
+    std::vector<double> norms;  // per unit: this replica's pseudo-gradient norm (penalty on)
+  };
+
+  // The phases of run().
+  enum class Boundary { Train, Stop, BudgetSpent };  // what a step's control point decided
+  void startOrResume(TrainResult& result);
+  double stepLoop(TrainResult& result);  // returns the last step's training loss
+  Boundary controlPoint(int64_t t, bool sync);  // control exchange: stop, checkpoints, budget
+  Boundary checkpointIfDue(int64_t t);          // a step without a control point
+  void endOnBudget(int64_t t);                  // A-EDiT's last round
+  void finishStep(int64_t t, double t0, bool sync, const StepOutcome& out);
+  void recordRound(const StepOutcome& out);     // a round's counters, skip streaks
+  StepReport stepReport(int64_t t, double t0, double wait0, double loss, const StepOutcome& out) const;
+  double commWaitSeconds() const;
+  void finalSync();
+  void evaluateAndSaveFinal(TrainResult& result);
+
+  void setup();
+  void selectDevice();
+  bool isLocalMode() const;
+  bool synchronousAt(int64_t t) const;  // gradients averaged across replicas at step t
+  bool syncDue(int64_t t);
+  Control exchangeControl(int64_t t);
+  void initOuter();
+  double trainStep(int64_t t, bool sync, StepOutcome& out);
+  void syncWholeModel(StepOutcome& out);
+  // ZeRO-3 (flat_units.h): enqueue unit u's all-gather (after its layer-wise sync when
+  // syncFirst) on the communication stream; release its gathered parameters.
+  Pending prepareUnit(size_t u, bool syncFirst, std::vector<UnitSyncResult>* res,
+                      std::vector<double>* syncWork);
+  void releaseUnit(size_t u);
+  void releaseAll();  // after a failed step: no gathered unit, no gradient buffer bound
+  double evaluate(int64_t batches, Group reduceOver);
+  void injectDelay(int64_t t);
+  void corruptIfAsked();
+  void saveCheckpoint(int64_t id);
+  bool tryResume();
+  void log(const std::string& s);
+  void killIfAsked(int64_t t);
+
+  // Sync-round bookkeeping (trainer_rounds.cpp).
+  void noteRound(const std::vector<UnitSyncResult>& res, StepOutcome& out);
+  void afterRound(const StepOutcome& out);  // skip streaks and counters
+  void failIfStalled() const;               // throws TrainingStalled
+  double lrAt(int64_t t) const;             // inner learning rate of step t
+  void agreeJobSteps();                     // jobSteps_ from every rank's step_ (world)
+
+  // In-place recovery (trainer_recovery.cpp, docs/replica-recovery.md). Each rank keeps
+  // the outer state after the last sync round it completed, and a snapshot taken when it
+  // entered the round in progress, so the ranks can agree on one round every survivor holds.
+  struct RoundSnapshot {
+    bool valid = false;
+    int64_t round = -1, step = 0;
+    std::vector<OuterUnit> outer;
+    std::vector<EwmaDetector> detectors;
+  };
+  void beginRound(int64_t t);
+  void endRound(int64_t t);
+  bool recoverInPlace(const PeerLost& e, TrainResult& result);
+  void restoreFromPeers(bool joiner, TrainResult* result);
+  // Its phases (trainer_recovery.cpp).
+  torch::Tensor offerTable(bool joiner);  // world x columns: what each rank can offer
+  void rollBackToSnapshot(int64_t round, int64_t step);
+  void copyOuterState(const RecoveryPlan& plan, bool joiner);  // over the sync group
+  void copyAnomalyStats(const std::vector<bool>& survivor, const RecoveryPlan& plan);
+  void continueFromRound(int64_t round, int64_t step, int64_t lastCkpt);
+  void checkSyncGroupAgrees();
+  void joinRunningJob();   // a replacement's restoreFromPeers, retried like a survivor's
+  void leaveGeneration();  // drops the process groups of a broken generation
+
+  Config cfg_;
+  const ModeTraits& mode_;  // cfg_.algorithm.mode's row of the mode table
+  MeshSpec mesh_;
+  TrainerHooks hooks_;
+  ModelShape shape_{};
+  torch::Device device_{torch::kCPU};
+  std::unique_ptr<Comm> comm_;
+  std::unique_ptr<CommStream> stream_;
+  std::vector<FlatUnit> units_;
+  std::unique_ptr<BufferCache> buffers_;  // full-size buffers of gathered units and gradients
+  int prefetchDepth_ = 1;                 // units prepared ahead of the one computing
+  MemoryPlan memoryPlan_;
+  bool reshardAfterForward_ = true;
+  std::vector<OuterUnit> outer_;
+  std::vector<EwmaDetector> detectors_;
+  std::unique_ptr<ShardedAdamW> adam_;
+  SyncSettings sync_;
+  Rope rope_;
+  std::optional<data::TokenFile> train_, val_;
+  std::unique_ptr<data::BatchSampler> trainSampler_, valSampler_;
+  std::vector<int64_t> inputs_, targets_;
+
+  std::atomic<bool> stopRequested_{false}, checkpointRequested_{false};
+  int64_t totalSteps_ = 0;
+  int64_t step_ = 0;             // steps completed by this rank
+  int64_t stepsSinceSync_ = 0;
+  double lastSyncTime_ = 0;
+  double localStepSeconds_ = 0;  // moving average of this rank's local step time (A-EDiT)
+  uint64_t syncRounds_ = 0, anomalies_ = 0, tokens_ = 0;
+  double lastPseudoGradNorm_ = 0;
+  std::vector<int64_t> skipStreak_;  // per unit: rounds in a row its outer step was skipped
+  uint64_t outerSkips_ = 0;
+  // Replica-steps of the whole job agreed at the last control exchange, and this rank's
+  // step then: A-EDiT's learning rate follows the job's progress (lrAt).
+  int64_t jobSteps_ = 0, jobStepsAt_ = 0;
+  int64_t lastCheckpointId_ = -1;
+  int64_t controlId_ = 0;        // checkpoint id agreed at the last control exchange
+  bool outerReady_ = false;
+
+  std::unique_ptr<Rendezvous> rendezvous_;
+  RoundSnapshot snap_;           // outer state when the current/last round began
+  bool inRound_ = false;         // a sync round is mutating outer_ right now
+  std::atomic<size_t> roundUnitsSynced_{0};  // units whose outer update of this round is done
+  int64_t roundBeginStep_ = 0;   // step of the round in progress
+  int64_t roundStep_ = 0;        // step at which outer_ (after syncRounds_ rounds) was set
+  int64_t skipSyncAt_ = -1;      // the round at this step was already done before a rollback
+  int partialTermExchanges_ = 0;  // consecutive control exchanges where some ranks, not all, had SIGTERM
+  bool outerLost_ = false;        // a failed state copy left outer_ half written
+};
+
+// Set by edit-train's SIGTERM handler; every Trainer polls it.
+extern std::atomic<bool> gTerminateRequested;
+
+}  // namespace edit

@@ -1,0 +1,344 @@
+// In-place recovery from a lost peer (docs/replica-recovery.md).
+//
+// Every rank of a sync group holds the same outer slice (weights, momentum), so a lost
+// rank's outer state survives on its sync-group peers; its anomaly statistics (per
+// replica) survive on its shard peers. When a peer is lost in a local phase, the
+// survivors tear down their process groups (which
+// makes every other rank notice at its next collective), meet the replacement in a new
+// recovery generation, agree on the newest sync round every survivor still holds, and
+// all roll back to it: inner weights := outer weights, step := the step of that round.
+// The replacement copies the outer state and its inner AdamW moments from one peer of its
+// sync group, and the anomaly statistics from its own replica. No disk checkpoint is read.
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <unistd.h>
+
+#include "train/recovery_plan.h"
+#include "train/trainer.h"
+
+namespace edit {
+namespace {
+
+// Test hook (tests/runtime/integration/test_recovery.py): EDIT_TEST_DROP_COPY_RANK=r makes
+// rank r fail its first state copy as if a connection were lost, after which it leaves the
+// generation like any rank whose peer went away.
+bool dropThisCopy(int rank) {
+  static bool dropped = false;
+  const char* v = std::getenv("EDIT_TEST_DROP_COPY_RANK");
+  if (dropped || !v || !*v || std::atoi(v) != rank) return false;
+  dropped = true;
+  return true;
+}
+
+}  // namespace
+
+void Trainer::killIfAsked(int64_t t) {
+  const auto& k = cfg_.debug.killAtStep;
+  if (k.rank != mesh_.rank || k.step != t || mesh_.join) return;
+  log("debug.killAtStep: killing this worker (SIGKILL) at step " + std::to_string(t));
+  std::fflush(nullptr);
+  ::kill(::getpid(), SIGKILL);
+}
+
+void Trainer::beginRound(int64_t t) {
+  inRound_ = true;
+  roundUnitsSynced_ = 0;
+  roundBeginStep_ = t;
+  // The snapshot costs one copy of the outer slice in the outer state's memory (host
+  // memory with offloadOuterState): only kept when it can be used.
+  if (!outerReady_ || cfg_.runtime.recovery != "inPlace") return;
+  torch::NoGradGuard ng;
+  if (snap_.outer.size() != outer_.size()) {
+    snap_.outer.clear();
+    for (auto& o : outer_) snap_.outer.push_back({torch::empty_like(o.outer), torch::empty_like(o.momentum)});
+  }
+  for (size_t u = 0; u < outer_.size(); ++u) {
+    snap_.outer[u].outer.copy_(outer_[u].outer);
+    snap_.outer[u].momentum.copy_(outer_[u].momentum);
+  }
+  snap_.detectors = detectors_;
+  snap_.round = static_cast<int64_t>(syncRounds_);
+  snap_.step = roundStep_;
+  snap_.valid = true;
+}
+
+void Trainer::endRound(int64_t t) {
+  inRound_ = false;
+  roundStep_ = t;
+}
+
+bool Trainer::recoverInPlace(const PeerLost& e, TrainResult& result) {
+  // NCCL: tearing down a communicator with work in flight needs ncclCommAbort, which this
+  // LibTorch's ProcessGroupNCCL does not expose; the GPU path has not run yet either.
+  const char* why = cfg_.runtime.recovery != "inPlace" ? " (runtime.recovery=exit)"
+                    : !isLocalMode() || !outerReady_   ? " (no outer state yet: synchronous phase)"
+                    : mesh_.backend == "nccl"          ? " (not supported with NCCL yet)"
+                                                       : nullptr;
+  if (why) {
+    log(std::string("peer lost: ") + e.what() + why + "; exiting for a gang restart");
+    return false;
+  }
+  const double t0 = nowSeconds(), deadline = t0 + cfg_.runtime.rendezvousTimeoutSeconds;
+  const int64_t stepBefore = step_;
+  log(std::string("peer lost: ") + e.what() + "; recovering in place (waiting up to " +
+      std::to_string(static_cast<int64_t>(cfg_.runtime.rendezvousTimeoutSeconds)) +
+      " s for the replacement)");
+  for (int attempt = 1;; ++attempt) {
+    leaveGeneration();
+    // Throws PeerLost (exit 75) once the deadline has passed, or at once on SIGTERM.
+    rendezvous_->rejoin(std::max(0.0, deadline - nowSeconds()), gTerminateRequested);
+    try {
+      comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
+      stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
+      restoreFromPeers(false, &result);
+      break;
+    } catch (const RecoveryImpossible&) {
+      throw;  // every rank decided so from the same table: a retry would decide the same
+    } catch (const PeerLost& again) {
+      // A connection lost while the groups formed or the state was copied: another rank
+      // failed or left meanwhile (often the replacement). Go round again: every other rank
+      // of this generation fails too once our groups are gone, and all meet in the next.
+      if (gTerminateRequested || nowSeconds() > deadline) throw;
+      log("recovery attempt " + std::to_string(attempt) + " in generation " +
+          std::to_string(rendezvous_->generation()) + " failed: " + again.what() + "; retrying");
+    }
+  }
+  result.recoveries++;
+  result.recoverySeconds += nowSeconds() - t0;
+  result.stepsRolledBack += std::max<int64_t>(0, stepBefore - step_);
+  return true;
+}
+
+void Trainer::leaveGeneration() {
+  // Pending tasks fail fast, the one in flight ends (its peer is gone or leaving too), and
+  // destroying the process groups closes their connections, which makes every rank still
+  // blocked on us notice now instead of at its timeout.
+  if (stream_) stream_->abort();
+  stream_.reset();
+  comm_.reset();
+  releaseAll();  // the failed step may have left units gathered
+}
+
+void Trainer::joinRunningJob() {
+  // A replacement: the survivors may lose a connection while it copies its state (another
+  // rank failed or left), then it meets them again in the next generation.
+  const double deadline = nowSeconds() + cfg_.runtime.rendezvousTimeoutSeconds;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      if (attempt > 1) {
+        leaveGeneration();
+        rendezvous_->join(std::max(0.0, deadline - nowSeconds()), gTerminateRequested);
+        comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
+        stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
+      }
+      restoreFromPeers(true, nullptr);
+      return;
+    } catch (const RecoveryImpossible&) {
+      throw;
+    } catch (const PeerLost& e) {
+      if (gTerminateRequested || nowSeconds() > deadline) throw;
+      log("joining in generation " + std::to_string(rendezvous_->generation()) + " failed: " + e.what() +
+          "; retrying");
+    }
+  }
+}
+
+// restoreFromPeers is five phases: every rank states what it can offer (offerTable), the
+// pure planner picks the round and the sources (recovery_plan.h), survivors that got
+// further roll back to their snapshot, the sync groups copy the outer state and the
+// replicas their anomaly statistics, and everyone continues from the round's clock.
+
+namespace {
+// The columns of the table the ranks exchange.
+enum OfferCol { kJoiner, kCur, kSnap, kCurStep, kSnapStep, kAdam, kCkpt, kNext, kNextStep, kOfferCols };
+}  // namespace
+
+torch::Tensor Trainer::offerTable(bool joiner) {
+  // What each rank can offer: the outer state after round `cur` (unless a round is
+  // half-applied) and the snapshot from the start of the current round.
+  auto mine = torch::full({kOfferCols}, -1.0, torch::kFloat64);
+  auto m = mine.accessor<double, 1>();
+  // A survivor whose copy failed half way holds nothing it can name: it takes everything
+  // from its sync group like a replacement.
+  const bool holdsNothing = joiner || outerLost_;
+  m[kJoiner] = holdsNothing ? 1 : 0;
+  if (!holdsNothing) {
+    // A round whose every unit was synchronized is complete here even if the step failed
+    // afterwards (in an all-gather or the backward): its outer state is final.
+    const bool roundDone = inRound_ && roundUnitsSynced_ == units_.size();
+    if (outerReady_ && (!inRound_ || roundDone)) m[kCur] = static_cast<double>(syncRounds_ + (roundDone ? 1 : 0));
+    if (snap_.valid) m[kSnap] = static_cast<double>(snap_.round);
+    m[kCurStep] = static_cast<double>(roundDone ? roundBeginStep_ : roundStep_);
+    m[kSnapStep] = static_cast<double>(snap_.step);
+    if (inRound_ && !roundDone) {  // half applied: its sync peers may have completed it
+      m[kNext] = static_cast<double>(syncRounds_ + 1);
+      m[kNextStep] = static_cast<double>(roundBeginStep_);
+    }
+    m[kAdam] = static_cast<double>(adam_->stepCount());
+    m[kCkpt] = static_cast<double>(lastCheckpointId_);
+  }
+  auto table = torch::empty({comm_->world(), kOfferCols}, torch::kFloat64);
+  std::vector<torch::Tensor> rows;
+  for (int r = 0; r < comm_->world(); ++r) rows.push_back(table[r]);
+  comm_->allgather(Group::World, mine, rows);
+  return table;
+}
+
+void Trainer::rollBackToSnapshot(int64_t round, int64_t step) {
+  for (size_t u = 0; u < outer_.size(); ++u) {
+    outer_[u].outer.copy_(snap_.outer[u].outer);
+    outer_[u].momentum.copy_(snap_.outer[u].momentum);
+  }
+  detectors_ = snap_.detectors;
+  // Say so at once: should the copy below fail, a retry offers this round.
+  syncRounds_ = static_cast<uint64_t>(round);
+  roundStep_ = step;
+  inRound_ = false;
+  snap_.valid = false;
+}
+
+void Trainer::copyOuterState(const RecoveryPlan& plan, bool joiner) {
+  // Copy from the source replica over the sync group, if this sync group has a joiner (or
+  // a survivor that did not complete the round).
+  const int N = comm_->shards(), myShard = comm_->shard();
+  bool groupHasJoiner = false;
+  for (int rep = 0; rep < comm_->replicas(); ++rep) groupHasJoiner |= plan.receives[rep * N + myShard];
+  if (!groupHasJoiner) return;
+  const int root = plan.source[myShard];
+  if (!joiner && plan.receives[mesh_.rank]) outerLost_ = true;  // half written until the copy is done
+  if (dropThisCopy(mesh_.rank))
+    throw PeerLost("EDIT_TEST_DROP_COPY_RANK: connections dropped during the state copy");
+  for (size_t u = 0; u < units_.size(); ++u) {
+    comm_->broadcast(Group::Sync, outer_[u].outer, root);
+    comm_->broadcast(Group::Sync, outer_[u].momentum, root);
+    // The root sends its inner moments; other survivors keep theirs (receive into scratch).
+    const bool keep = !joiner && comm_->replica() != root;
+    auto am = keep ? torch::empty_like(adam_->m()[u]) : adam_->m()[u];
+    auto av = keep ? torch::empty_like(adam_->v()[u]) : adam_->v()[u];
+    comm_->broadcast(Group::Sync, am, root);
+    comm_->broadcast(Group::Sync, av, root);
+  }
+}
+
+void Trainer::copyAnomalyStats(const std::vector<bool>& survivor, const RecoveryPlan& plan) {
+  // The anomaly statistics are per replica (they follow its own norms), not per sync
+  // group: a replacement takes them from a surviving shard peer of its own replica. A
+  // replica that lost every rank takes shard 0's source replica's, the same on all its
+  // shards: a prior for a replica that restarts from the outer weights like the others.
+  const int N = comm_->shards(), myShard = comm_->shard(), myReplica = comm_->replica();
+  auto ewma = torch::empty({static_cast<int64_t>(detectors_.size()), 3}, torch::kFloat64);
+  auto pack = [&] {
+    for (size_t u = 0; u < detectors_.size(); ++u) {
+      ewma[u][0] = detectors_[u].mean;
+      ewma[u][1] = detectors_[u].var;
+      ewma[u][2] = static_cast<double>(detectors_[u].count);
+    }
+  };
+  auto unpack = [&] {
+    for (size_t u = 0; u < detectors_.size(); ++u)
+      detectors_[u] = {ewma[u][0].item<double>(), ewma[u][1].item<double>(),
+                       static_cast<int64_t>(ewma[u][2].item<double>())};
+  };
+  auto firstSurvivingShard = [&](int rep) {
+    for (int s = 0; s < N; ++s)
+      if (survivor[rep * N + s]) return s;
+    return -1;
+  };
+  bool someReplicaLost = false;
+  for (int rep = 0; rep < comm_->replicas(); ++rep) someReplicaLost |= firstSurvivingShard(rep) < 0;
+  const int peer = firstSurvivingShard(myReplica);
+  if (someReplicaLost && myShard == 0) {
+    pack();
+    comm_->broadcast(Group::Sync, ewma, plan.source[0]);
+    if (peer < 0) unpack();
+  }
+  bool replicaHasJoiner = false;
+  for (int s = 0; s < N; ++s) replicaHasJoiner |= !survivor[myReplica * N + s];
+  if (replicaHasJoiner && N > 1) {
+    pack();
+    comm_->broadcast(Group::Shard, ewma, peer < 0 ? 0 : peer);
+    if (!survivor[mesh_.rank]) unpack();
+  }
+}
+
+void Trainer::continueFromRound(int64_t round, int64_t step, int64_t lastCkpt) {
+  // Everyone: inner weights := outer weights of `round`, and the clock of that round.
+  for (size_t u = 0; u < units_.size(); ++u) units_[u].slice.copy_(outer_[u].outer);
+  // The int8 error feedback restarts at zero on every rank: a survivor's residual belongs
+  // to the round it got to, not necessarily `round`, and a replacement has none. What it
+  // held (at most half a quantization step per element) is dropped (docs/algorithm.md).
+  for (auto& o : outer_)
+    if (o.residual.defined()) o.residual.zero_();
+  step_ = step;
+  roundStep_ = step;
+  skipSyncAt_ = step;  // the round at this step is the one restored
+  stepsSinceSync_ = 0;
+  syncRounds_ = static_cast<uint64_t>(round);
+  inRound_ = false;
+  snap_.valid = false;
+  lastSyncTime_ = nowSeconds();
+  lastCheckpointId_ = lastCkpt;
+  controlId_ = std::max<int64_t>(controlId_, lastCkpt);
+  partialTermExchanges_ = 0;  // a new generation: a joiner counts from zero too
+  outerLost_ = false;
+  agreeJobSteps();  // the job's progress at the restored round (A-EDiT's learning rate)
+}
+
+void Trainer::checkSyncGroupAgrees() {
+  // The copies must be bit-identical across the sync group, as after any sync round.
+  double fp = 0;
+  for (auto& o : outer_) fp += o.outer.sum(torch::kFloat64).item<double>();
+  auto hi = torch::full({1}, fp, torch::kFloat64), lo = torch::full({1}, -fp, torch::kFloat64);
+  comm_->allreduce(Group::Sync, hi, c10d::ReduceOp::MAX);
+  comm_->allreduce(Group::Sync, lo, c10d::ReduceOp::MAX);
+  if (hi.item<double>() != -lo.item<double>() || !std::isfinite(fp))
+    throw std::runtime_error("in-place recovery: outer weights differ across the sync group after the copy");
+}
+
+void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
+  torch::NoGradGuard ng;
+  const int W = comm_->world();
+  const torch::Tensor table = offerTable(joiner);
+  auto T = table.accessor<double, 2>();
+  std::vector<bool> survivor(W);
+  std::vector<RecoveryOffer> offers(W);
+  for (int r = 0; r < W; ++r) {
+    survivor[r] = T[r][kJoiner] == 0;
+    auto i = [&](OfferCol c) { return static_cast<int64_t>(T[r][c]); };
+    offers[r] = {!survivor[r], i(kCur), i(kSnap), i(kNext), i(kCurStep), i(kSnapStep), i(kNextStep)};
+  }
+  // The round to continue from, each shard's source replica, who copies (recovery_plan.h).
+  const RecoveryPlan plan = planRecovery(offers, comm_->replicas(), comm_->shards());
+  if (!plan.why.empty()) throw RecoveryImpossible("cannot recover in place: " + plan.why + "; restart from a checkpoint");
+  const int me = mesh_.rank;
+  const int64_t round = plan.round, step = plan.step[me];
+  int64_t lastCkpt = -1;
+  int joiners = 0;
+  for (int r = 0; r < W; ++r) {
+    if (survivor[r]) lastCkpt = std::max(lastCkpt, static_cast<int64_t>(T[r][kCkpt]));
+    else joiners++;
+  }
+
+  if (plan.fromSnapshot[me]) rollBackToSnapshot(round, step);
+  if (joiner) initOuter();  // allocates outer_ in the right place; filled below
+  copyOuterState(plan, joiner);
+  copyAnomalyStats(survivor, plan);
+  if (joiner) {
+    adam_->setStepCount(static_cast<int64_t>(T[plan.stepFrom[me]][kAdam]));
+    // Cumulative tokens as if this rank had trained from the start (what a resume from a
+    // checkpoint at `step` holds), so the job's token count does not drop by a rank's share.
+    tokens_ = static_cast<uint64_t>(step) * static_cast<uint64_t>(cfg_.data.batchSize * cfg_.data.seqLen);
+  }
+  continueFromRound(round, step, lastCkpt);
+  checkSyncGroupAgrees();
+  // Every rank of the generation finished its copy: otherwise a sync group done early
+  // would train on and meet the failure in a second recovery instead of this one's retry.
+  comm_->barrier(Group::World);
+
+  log("recovered in place (generation " + std::to_string(rendezvous_->generation()) + ", " +
+      std::to_string(joiners) + " rank(s) replaced): continuing from sync round " + std::to_string(round) +
+      " at step " + std::to_string(step) + (result ? "" : " as a replacement"));
+}
+
+}  // namespace edit

@@ -87,7 +87,6 @@ class JobTelemetry {
 
   bool hasReports() const { return !ranks_.empty(); }
   double lastReportTime() const { return lastReport_; }
-  double lastProgressTime() const { return lastProgress_; }
   // No step advanced on any rank for `timeout` seconds (and at least one report seen).
   bool hung(double now, double timeoutSeconds) const;
 

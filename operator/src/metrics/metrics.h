@@ -29,7 +29,7 @@ struct WorkerSample {
 };
 
 struct JobSample {
-  double stragglers = 0, tokensPerSecond = 0, loss = 0, step = 0, syncSeconds = 0;
+  double stragglers = 0, tokensPerSecond = 0, loss = 0, step = 0, lastSyncDurationSeconds = 0;
 };
 
 class Metrics {

@@ -255,6 +255,8 @@ def analyze(workers, wall, layout, cfg, fpt):
     if not res["ok"]:
         return res
     S = [w.summary for w in workers]
+    # edit-train's own count (model.cpp), to check bench/common.py's copy against (--check).
+    res["runtime_flops_per_token"] = S[0].get("flops_per_token")
     heads = [w for w in workers if w.rank % N == 0]  # one rank per replica
     job_tokens = sum(w.summary["tokens"] for w in heads)
     train_s = max(s["seconds"] for s in S)
@@ -618,6 +620,10 @@ checkpoint:
                 problems.append(f"run {layout} {scen} {label} failed")
             if label in MODES and not re.search(rf"^\| {re.escape(scen)} \| {re.escape(label)} \| \d", text, re.M):
                 problems.append(f"no table row for {layout} {scen} {label}")
+            runtime_fpt = r.get("runtime_flops_per_token")
+            if runtime_fpt is not None and not math.isclose(runtime_fpt, cfg_common["flops_per_token"], rel_tol=1e-9):
+                problems.append(f"run {layout} {scen} {label}: edit-train counts {runtime_fpt} FLOPs per token, "
+                                f"bench/common.py flops_per_token {cfg_common['flops_per_token']}")
         if not results:
             problems.append("no runs")
         if problems:

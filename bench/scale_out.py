@@ -21,20 +21,16 @@ import argparse
 import json
 import sys
 
+from common import flops_per_token, param_count  # runtime/src/model.cpp's counts, in one place
+
 # (dim, layers, heads, ffn) from common/src/worker_config.cpp presets; vocabulary of a real
 # tokenizer (Llama-2's 32000), not the byte-level 256 of the tiny benchmarks.
 PRESETS = {"llama-1b": (2048, 24, 16, 5504), "llama-7b": (4096, 32, 32, 11008)}
 
 
-def shape_params(dim, layers, ffn, vocab):
-    block = 2 * dim + 4 * dim * dim + 3 * ffn * dim
-    return vocab * dim + layers * block + dim + vocab * dim
-
-
-def flops_per_token(dim, layers, ffn, vocab, seq):
-    # runtime/src/model/model.cpp flopsPerToken: 6 x matmul params + 3 x causal attention.
-    matmul = shape_params(dim, layers, ffn, vocab) - vocab * dim
-    return 6.0 * matmul + 3.0 * 2.0 * layers * seq * dim
+def shape(dim, layers, ffn, vocab):
+    """The model shape as bench/common.py's parameter and FLOP counts take it."""
+    return dict(dim=dim, layers=layers, ffn=ffn, vocab=vocab)
 
 
 def step_times(P, fpt, nodes, gbit, a, mode):
@@ -58,8 +54,8 @@ def step_times(P, fpt, nodes, gbit, a, mode):
 def projection(a):
     rows = []
     for name, (dim, layers, heads, ffn) in PRESETS.items():
-        P = shape_params(dim, layers, ffn, a.vocab)
-        fpt = flops_per_token(dim, layers, ffn, a.vocab, a.seq)
+        P = param_count(shape(dim, layers, ffn, a.vocab))
+        fpt = flops_per_token(shape(dim, layers, ffn, a.vocab), a.seq)
         for nodes in a.nodes:
             for gbit in a.gbits:
                 t_ddp, c, comm = step_times(P, fpt, nodes, gbit, a, "ddp")

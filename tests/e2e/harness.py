@@ -112,19 +112,9 @@ class Failure(AssertionError):
 
 
 # ctest's SKIP_RETURN_CODE for these tests: a run whose every test skipped reports as
-# skipped, not as passed.
-SKIP_EXIT = 77
-
-
-def main():
-    """unittest.main(), exiting SKIP_EXIT when every test that ran was skipped."""
-    import unittest
-    result = unittest.main(exit=False).result
-    if result.failures or result.errors or not result.wasSuccessful():
-        sys.exit(1)
-    if result.testsRun and len(result.skipped) == result.testsRun:
-        sys.exit(SKIP_EXIT)
-    sys.exit(0)
+# skipped, not as passed (tests/unittest_main.py).
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from unittest_main import SKIP_EXIT, main  # noqa: E402,F401
 
 
 class Cluster:

@@ -46,8 +46,9 @@ TEST(Desired, PodIdentityEnvAndLabels) {
   EXPECT_EQ(env["EDIT_NAMESPACE"]["value"], "team");
   EXPECT_EQ(env["RANK"]["value"], "3");
   EXPECT_EQ(env["WORLD_SIZE"]["value"], "4");
-  EXPECT_EQ(env["EDIT_REPLICA"]["value"], "1");
-  EXPECT_EQ(env["EDIT_SHARD"]["value"], "1");
+  // The pod's replica and shard are its labels; the runtime derives its own from RANK.
+  EXPECT_EQ(env.count("EDIT_REPLICA"), 0u);
+  EXPECT_EQ(env.count("EDIT_SHARD"), 0u);
   EXPECT_EQ(env["EDIT_REPLICAS"]["value"], "2");
   EXPECT_EQ(env["EDIT_SHARDS"]["value"], "2");
   EXPECT_EQ(env["MASTER_ADDR"]["value"], "demo-worker-0.demo.team.svc");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "controller/plan.h"
+#include "exit_codes.h"
 #include "plan_fixtures.h"
 #include "util/log.h"
 using namespace edit::op;

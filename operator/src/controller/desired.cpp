@@ -202,8 +202,7 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
 
   json env = json::array({
       envVar("EDIT_JOB", name), envVar("EDIT_NAMESPACE", ns), envVar("RANK", std::to_string(rank)),
-      envVar("WORLD_SIZE", std::to_string(s.worldSize())), envVar("EDIT_REPLICA", std::to_string(replica)),
-      envVar("EDIT_SHARD", std::to_string(shard)), envVar("EDIT_REPLICAS", std::to_string(s.replicas)),
+      envVar("WORLD_SIZE", std::to_string(s.worldSize())), envVar("EDIT_REPLICAS", std::to_string(s.replicas)),
       envVar("EDIT_SHARDS", std::to_string(s.shardsPerReplica)), envVar("MASTER_ADDR", masterAddr(name, ns)),
       envVar("MASTER_PORT", std::to_string(s.masterPort)),
       envVar("EDIT_TELEMETRY_ADDR", settings.telemetryAdvertiseAddr),

@@ -4,36 +4,12 @@
 #include <set>
 
 #include "controller/desired.h"
+#include "controller/failure_policy.h"
 #include "controller/recovery.h"
 #include "util/log.h"
 
 namespace edit::op::controller {
 namespace {
-
-int labelInt(const json& labels, const char* key, int def) {
-  if (!labels.contains(key) || !labels[key].is_string()) return def;
-  try {
-    return std::stoi(labels[key].get<std::string>());
-  } catch (...) {
-    return def;
-  }
-}
-
-std::string describeExit(const ObservedPod& p) {
-  if (p.phase != "Failed") return "worker pod " + p.name + (p.uid.empty() ? " is gone" : " is being deleted");
-  std::string s = "worker pod " + p.name + " failed";
-  if (p.exitCode) s += " with exit code " + std::to_string(*p.exitCode);
-  if (!p.reason.empty()) s += " (" + p.reason + ")";
-  // edit-train's own words (its termination message), cut to keep the status small.
-  if (!p.message.empty()) s += ": " + (p.message.size() > 1024 ? p.message.substr(0, 1024) + "..." : p.message);
-  return s;
-}
-
-std::string describeExits(const std::vector<const ObservedPod*>& pods) {
-  std::string s;
-  for (const auto* p : pods) s += (s.empty() ? "" : ", ") + describeExit(*p);
-  return s;
-}
 
 std::string rankList(const std::vector<const ObservedPod*>& pods) {
   std::vector<int> ranks;
@@ -41,46 +17,7 @@ std::string rankList(const std::vector<const ObservedPod*>& pods) {
   return controller::rankList(ranks);
 }
 
-
 }  // namespace
-
-ObservedPod observePod(const json& pod) {
-  ObservedPod o;
-  const json& md = pod["metadata"];
-  o.name = md.value("name", "");
-  o.uid = md.value("uid", "");
-  json labels = md.value("labels", json::object());
-  o.rank = labelInt(labels, kLabelRank, -1);
-  o.generation = labelInt(labels, kLabelGeneration, 0);
-  o.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
-  const json status = pod.value("status", json::object());
-  o.phase = status.value("phase", "Pending");
-  o.node = pod.value("spec", json::object()).value("nodeName", "");
-  o.reason = status.value("reason", "");
-  if (o.reason == "Evicted") o.disruption = "Evicted";
-  for (const auto& c : status.value("conditions", json::array()))
-    if (c.value("type", "") == "DisruptionTarget" && c.value("status", "") == "True")
-      o.disruption = c.value("reason", "DisruptionTarget");
-  for (const auto& cs : status.value("containerStatuses", json::array())) {
-    const json st = cs.value("state", json::object());
-    if (o.started.empty() && st.contains("running") && st["running"].is_object())
-      o.started = st["running"].value("startedAt", "");
-    for (const char* which : {"state", "lastState"}) {
-      const json st = cs.value(which, json::object());
-      if (st.contains("terminated") && st["terminated"].contains("exitCode")) {
-        o.exitCode = st["terminated"]["exitCode"].get<int>();
-        std::string r = st["terminated"].value("reason", "");
-        if (!r.empty()) o.reason = r;
-        if (st["terminated"].contains("message") && st["terminated"]["message"].is_string())
-          o.message = st["terminated"]["message"].get<std::string>();
-        break;
-      }
-    }
-    if (o.exitCode) break;
-  }
-  return o;
-}
-
 
 std::map<int, std::set<std::string>> avoidNodesFromStatus(const json& status) {
   std::map<int, std::set<std::string>> out;
@@ -133,18 +70,19 @@ class Planner {
     gen_ = in.meta.generation;
     phase_ = st_.value("phase", "");
     restartGen_ = st_.value("restartGeneration", 0);
-    restarts_ = st_.value("restarts", 0);
-    recoveries_ = st_.value("replicaRecoveries", 0);
-    disruptions_ = st_.value("disruptions", 0);
+    budget_.gangRestarts = st_.value("restarts", 0);
+    budget_.inPlaceRecoveries = st_.value("replicaRecoveries", 0);
+    budget_.disruptions = st_.value("disruptions", 0);
     recovery_ = RecoveryRecord::fromStatus(st_);
     if (!recovery_) st_.erase("recovery");  // unreadable: nothing to resume
   }
 
   Plan run() {
     st_["observedGeneration"] = gen_;
-    st_["restarts"] = restarts_;  // 0 shows in kubectl get ej -o wide (RESTARTS), not blank
+    st_["restarts"] = budget_.gangRestarts;  // 0 shows in kubectl get ej -o wide (RESTARTS), not blank
     if (!in_.spec) return invalid();
     spec_ = &*in_.spec;
+    budget_.limit = spec_->runPolicy.backoffLimit;
     countWorkers();
     if (phase_ == "Succeeded" || phase_ == "Failed") return finished();
     if (spec_->runPolicy.suspend) return suspended();
@@ -299,9 +237,9 @@ class Planner {
   }
 
   void restart(const std::string& reason, const std::string& msg) {
-    restarts_++;
+    budget_.gangRestarts++;
     restartGen_++;
-    st_["restarts"] = restarts_;
+    st_["restarts"] = budget_.gangRestarts;
     st_["restartGeneration"] = restartGen_;
     setPhase("Restarting");
     st_["message"] = msg;
@@ -309,17 +247,12 @@ class Planner {
     if (findCondition(st_, "Running")) cond("Running", "False", reason, msg);
     clearRecovery("GangRestarted", msg);
     event("Warning", "Restarting",
-          msg + "; restarting the gang (restart " + std::to_string(restarts_) + "; " + std::to_string(budgetUsed()) +
-              " of runPolicy.backoffLimit=" + std::to_string(spec_->runPolicy.backoffLimit) + " used)");
+          msg + "; restarting the gang (restart " + std::to_string(budget_.gangRestarts) + "; " + budget_.usage() + ")");
     for (const auto& p : in_.pods)
       if (!p.deleting) plan_.podsToDelete.push_back(p.name);
     plan_.gangRestarted = true;
     plan_.requeueAfterSeconds = 1;
   }
-
-  // Gang restarts and in-place recoveries share runPolicy.backoffLimit; those a disruption
-  // caused are free (as a batch Job's podFailurePolicy Ignore on DisruptionTarget).
-  int budgetUsed() const { return restarts_ + recoveries_ - disruptions_; }
 
   // Records a disruption of a current pod in the Disrupted condition, so that the failures
   // it causes later (its worker leaves with exit 76, or in a synchronous phase every worker
@@ -348,35 +281,18 @@ class Planner {
     event("Warning", "Disrupted", msg);
   }
 
-  // A failure is the disruption's doing when a failed pod was itself taken away, or when a
-  // disruption was seen and every failed worker stopped on SIGTERM (143, 76) or vanished:
-  // the evicted pod may be gone by the time the operator looks. A crash of its own (any
-  // other code) is charged.
-  bool causedByDisruption(const std::vector<const ObservedPod*>& failed) const {
-    bool allStopped = !failed.empty();
-    for (const auto* p : failed) {
-      if (!p->disruption.empty()) return true;
-      // 143: the gang stopped together; 76: SIGTERM reached this worker alone and it left;
-      // no exit code and no pod: it vanished (vanished()).
-      const bool stopped = p->exitCode ? edit::isStopExit(*p->exitCode) : p->phase.empty();
-      if (!stopped) allStopped = false;
-    }
-    return allStopped && conditionTrue(st_, "Disrupted");
-  }
-
   // Whether the failure being handled comes from a disruption; if so it is counted in
   // status.disruptions (and so not against the budget) and the condition is consumed.
   bool consumeDisruption(const std::string& what) {
     if (!conditionTrue(st_, "Disrupted")) return false;
-    disruptions_++;
-    st_["disruptions"] = disruptions_;
+    budget_.disruptions++;
+    st_["disruptions"] = budget_.disruptions;
     cond("Disrupted", "False", "Handled", what + " after the disruption (not counted against runPolicy.backoffLimit)");
     return true;
   }
 
   bool handleFailures() {
     std::vector<const ObservedPod*> failed;  // failures not acted on yet
-    const ObservedPod* permanent = nullptr;
     for (const auto* p : current()) {
       if (p->phase != "Failed") continue;
       if (recovery_ && recovery_->replaces(*p)) {
@@ -385,70 +301,82 @@ class Planner {
         continue;
       }
       failed.push_back(p);
-      if (!permanent && p->exitCode && edit::isPermanentExit(*p->exitCode)) permanent = p;
     }
-    if (permanent && permanent->exitCode == edit::kExitStalled) {
-      // edit-train found the outer step skipped maxSkippedRounds rounds in a row.
-      fail("TrainingStalled", describeExit(*permanent) + "; training stalled, not retried (a restart would replay it)", true);
-      return true;
-    }
-    if (permanent) {
-      fail("PermanentError", describeExit(*permanent) + ": a permanent error (invalid config or data, or command not runnable); not retried", true);
+    if (const auto permanent = permanentFailure(failed)) {
+      fail(permanent->reason, permanent->message, true);
       return true;
     }
     for (const auto* p : vanished()) {
       failed.push_back(p);
       noteDeletedPod(*p);
     }
-    std::string reason, msg;
-    bool disrupted = false;
     if (!failed.empty()) {
-      reason = "WorkerFailed";
-      msg = describeExits(failed);
-      const std::string why = gangRestartReason(*spec_, phase_, failed, recovery_ ? &*recovery_ : nullptr);
-      if (why.empty() && recovery_) {
-        // Another rank failed while the first is replaced: the same recovery, same budget.
-        replaceInPlace(failed, msg);
-        return true;
-      }
-      disrupted = causedByDisruption(failed);
-      if (why.empty() && (disrupted || budgetUsed() < spec_->runPolicy.backoffLimit)) {
-        recoveries_++;
-        st_["replicaRecoveries"] = recoveries_;
-        if (disrupted) consumeDisruption("in-place recovery");
-        recovery_ = RecoveryRecord{{}, now_, {}};
-        replaceInPlace(failed, msg);
-        return true;
-      }
-      if (!why.empty()) msg += "; gang restart: " + why;
-    } else if (in_.telemetry.hung && phase_ == "Running") {
-      // The survivors of a recovery make no progress while they wait for the replacement.
-      if (recoveryYoungerThanHangTimeout()) return false;
-      reason = "Hung";
-      msg = "no training progress for hangTimeoutSeconds=" + std::to_string(spec_->hangTimeoutSeconds);
-      if (replaceSilentInPlace(msg)) return true;
-      cond("Hung", "True", "NoProgress", msg);
-      event("Warning", "Hung", msg);
-      // Its workers are stuck (in a collective, or stopped): SIGTERM cannot make them
-      // checkpoint, so waiting out the grace period only delays the restart.
-      plan_.deleteImmediately = true;
-    } else {
-      return false;
-    }
-    if (!disrupted && budgetUsed() >= spec_->runPolicy.backoffLimit) {
-      fail("BackoffLimitExceeded", msg + "; runPolicy.backoffLimit=" + std::to_string(spec_->runPolicy.backoffLimit) +
-                                       " already used (" + std::to_string(restarts_) + " gang restarts, " +
-                                       std::to_string(recoveries_) + " in-place recoveries, " +
-                                       std::to_string(disruptions_) + " of them after disruptions, not counted)",
-           true);
+      handleFailedWorkers(failed);
       return true;
+    }
+    if (in_.telemetry.hung && phase_ == "Running") return handleHang();
+    return false;
+  }
+
+  void handleFailedWorkers(const std::vector<const ObservedPod*>& failed) {
+    std::string msg = describeExits(failed);
+    const std::string why = gangRestartReason(*spec_, phase_, failed, recovery_ ? &*recovery_ : nullptr);
+    const bool disrupted = causedByDisruption(failed, conditionTrue(st_, "Disrupted"));
+    const FailureResponse response = respondToFailedWorkers(why, recovery_.has_value(), disrupted, budget_);
+    if (response == FailureResponse::JoinRecovery) {
+      replaceInPlace(failed, msg);
+      return;
+    }
+    if (response == FailureResponse::StartRecovery) {
+      startRecovery();
+      if (disrupted) consumeDisruption("in-place recovery");
+      replaceInPlace(failed, msg);
+      return;
+    }
+    if (!why.empty()) msg += "; gang restart: " + why;
+    restartOrFail(response, "WorkerFailed", msg, disrupted);
+  }
+
+  bool handleHang() {
+    // The survivors of a recovery make no progress while they wait for the replacement.
+    if (recoveryYoungerThanHangTimeout()) return false;
+    const std::string msg = "no training progress for hangTimeoutSeconds=" + std::to_string(spec_->hangTimeoutSeconds);
+    double longest = 0;
+    const auto silent = silentPods(current(), in_.telemetry, spec_->hangTimeoutSeconds, &longest);
+    const bool silentReplaceable = !silent.empty() && gangRestartReason(*spec_, phase_, silent, nullptr).empty();
+    const FailureResponse response = respondToHang(silentReplaceable, recovery_.has_value(), budget_);
+    if (response == FailureResponse::StartRecovery) {
+      replaceSilentInPlace(silent, longest, msg);
+      return true;
+    }
+    cond("Hung", "True", "NoProgress", msg);
+    event("Warning", "Hung", msg);
+    // Its workers are stuck (in a collective, or stopped): SIGTERM cannot make them
+    // checkpoint, so waiting out the grace period only delays the restart.
+    plan_.deleteImmediately = true;
+    restartOrFail(response, "Hung", msg, false);
+    return true;
+  }
+
+  // The failure policy's answer when nothing can be replaced in place.
+  void restartOrFail(FailureResponse response, const std::string& reason, std::string msg, bool disrupted) {
+    if (response == FailureResponse::FailJob) {
+      fail("BackoffLimitExceeded", msg + "; " + budget_.exhaustedMessage(), true);
+      return;
     }
     if (disrupted) {
       consumeDisruption("gang restart");
       msg += " after a disruption";
     }
     restart(reason, msg);
-    return true;
+  }
+
+  // A new in-place recovery: one unit of budget (given back by consumeDisruption when a
+  // disruption caused it).
+  void startRecovery() {
+    budget_.inPlaceRecoveries++;
+    st_["replicaRecoveries"] = budget_.inPlaceRecoveries;
+    recovery_ = RecoveryRecord{{}, now_, {}};
   }
 
   // Ranks of the running gang whose pod vanished without the operator seeing it fail: a pod
@@ -491,18 +419,13 @@ class Planner {
   // the others wait for them in a collective. Killing the silent pods breaks those
   // collectives at once and the rest recover in place around their replacements. Without
   // such a split (every worker silent, or every one alive: a deadlock) the gang restarts.
-  bool replaceSilentInPlace(const std::string& msg) {
-    if (recovery_ || budgetUsed() >= spec_->runPolicy.backoffLimit) return false;
-    double longest = 0;
-    const auto silent = silentPods(current(), in_.telemetry, spec_->hangTimeoutSeconds, &longest);
-    if (silent.empty() || !gangRestartReason(*spec_, phase_, silent, nullptr).empty()) return false;
+  // longest: the longest silence among them, in seconds.
+  void replaceSilentInPlace(const std::vector<const ObservedPod*>& silent, double longest, const std::string& msg) {
     const std::string who = "rank(s) " + rankList(silent) + " sent nothing for " +
                             std::to_string(static_cast<long>(longest)) + " s while the others kept reporting";
     cond("Hung", "True", "WorkerUnresponsive", msg + "; " + who);
     event("Warning", "Hung", msg + "; " + who);
-    recoveries_++;
-    st_["replicaRecoveries"] = recoveries_;
-    recovery_ = RecoveryRecord{{}, now_, {}};
+    startRecovery();
     for (const auto* p : silent) {
       recovery_->add(*p);
       plan_.podsToDelete.push_back(p->name);
@@ -514,12 +437,10 @@ class Planner {
     st_["message"] = what;
     cond("Recovering", "True", "WorkerUnresponsive", what);
     event("Warning", "RecoveringReplica",
-          who + "; " + what + " (in-place recovery " + std::to_string(recoveries_) + "; " +
-              std::to_string(budgetUsed()) + " of runPolicy.backoffLimit=" +
-              std::to_string(spec_->runPolicy.backoffLimit) + " used)");
+          who + "; " + what + " (in-place recovery " + std::to_string(budget_.inPlaceRecoveries) + "; " +
+              budget_.usage() + ")");
     plan_.deleteImmediately = true;  // a stopped process cannot act on SIGTERM
     plan_.requeueAfterSeconds = 1;
-    return true;
   }
 
   // Deletes the failed pods (normal grace) and records their ranks, so that createMissing
@@ -535,9 +456,8 @@ class Planner {
     st_["message"] = what;
     cond("Recovering", "True", "ReplicaFailed", msg + "; " + what);
     event("Warning", "RecoveringReplica",
-          msg + "; replacing rank(s) " + rankList(failed) + " in place (in-place recovery " + std::to_string(recoveries_) +
-              "; " + std::to_string(budgetUsed()) + " of runPolicy.backoffLimit=" +
-              std::to_string(spec_->runPolicy.backoffLimit) + " used)");
+          msg + "; replacing rank(s) " + rankList(failed) + " in place (in-place recovery " +
+              std::to_string(budget_.inPlaceRecoveries) + "; " + budget_.usage() + ")");
     plan_.requeueAfterSeconds = 1;
   }
 
@@ -547,9 +467,8 @@ class Planner {
   // replacement joins the running job. Otherwise it is deleted normally and its peers'
   // collectives fail: a gang restart from the newest checkpoint.
   void replaceStraggler(const ObservedPod& p, const std::string& reportedNode) {
-    // Either way the replacement spends the backoff budget; a slow job is better than a
-    // Failed one, so with the budget spent the straggler is only reported.
-    if (!recovery_ && budgetUsed() >= spec_->runPolicy.backoffLimit) return;
+    // Either way the replacement spends the backoff budget (failure_policy.h).
+    if (!mayReplaceStraggler(recovery_.has_value(), budget_)) return;
     const std::string node = p.node.empty() ? reportedNode : p.node;
     plan_.replacedRanks.emplace_back(p.rank, node);
     avoidNode(p.rank, node);
@@ -560,11 +479,7 @@ class Planner {
             "deleting straggler " + p.name + " to recreate it away from node " + node + " (gang restart: " + why + ")");
       return;
     }
-    if (!recovery_) {
-      recoveries_++;
-      st_["replicaRecoveries"] = recoveries_;
-      recovery_ = RecoveryRecord{{}, now_, {}};
-    }
+    if (!recovery_) startRecovery();
     recovery_->add(p);
     st_["recovery"] = recovery_->toJson();
     plan_.recoveredRanks.push_back(p.rank);
@@ -575,8 +490,7 @@ class Planner {
     cond("Recovering", "True", "StragglerReplaced", what);
     event("Warning", "ReplacingStraggler",
           "killing straggler " + p.name + " on node " + node + "; its replacement joins the running job in place (in-place recovery " +
-              std::to_string(recoveries_) + "; " + std::to_string(budgetUsed()) + " of runPolicy.backoffLimit=" +
-              std::to_string(spec_->runPolicy.backoffLimit) + " used)");
+              std::to_string(budget_.inPlaceRecoveries) + "; " + budget_.usage() + ")");
     plan_.requeueAfterSeconds = 1;
   }
 
@@ -789,9 +703,7 @@ class Planner {
   long gen_ = 0;
   std::string phase_;
   int restartGen_ = 0;
-  int restarts_ = 0;
-  int recoveries_ = 0;                      // status.replicaRecoveries
-  int disruptions_ = 0;                     // status.disruptions: of those, caused by a disruption
+  BackoffBudget budget_;                    // status.restarts, replicaRecoveries, disruptions
   std::optional<RecoveryRecord> recovery_;  // status.recovery: ranks being replaced in place
   std::vector<ObservedPod> vanished_;       // current ranks without a pod (vanished())
 };

@@ -1,6 +1,7 @@
 // The controller's decisions as a pure function: from the job (spec, current status),
 // the pods it owns and the telemetry view to the new status plus the actions to take.
 // Level-triggered: the same inputs always give the same plan, so a re-run is harmless.
+// What it observes: controller/observed.h; how it answers failures: controller/failure_policy.h.
 #pragma once
 
 #include <ctime>
@@ -12,54 +13,15 @@
 #include <vector>
 
 #include "api/editjob.h"
-#include "exit_codes.h"
+#include "controller/observed.h"
 
 namespace edit::op::controller {
 
 using nlohmann::json;
 
-struct ObservedPod {
-  std::string name;
-  std::string uid;
-  int rank = -1;
-  int generation = 0;        // edit.io/restart-generation label
-  std::string phase;         // Pending | Running | Succeeded | Failed | Unknown
-  bool deleting = false;
-  std::optional<int> exitCode;
-  std::string node;
-  std::string reason;        // terminated reason or pod status reason
-  std::string message;       // the container's termination message (edit-train: why it failed)
-  // Set when the pod is being taken away rather than failing on its own: its
-  // DisruptionTarget condition (eviction, node drain, preemption, taint) or a kubelet
-  // eviction (status.reason Evicted). Such a failure does not spend backoffLimit.
-  std::string disruption;    // e.g. "EvictionByEvictionAPI"; "" when none
-  std::string started;       // RFC 3339: when its (first) container last started running; "" if not running
-};
-
-ObservedPod observePod(const json& pod);
-
-// Exit codes (common/src/exit_codes.h): a permanent one (2, 3, 126, 127) fails the job.
-// Everything else (crash, OOM kill 137, preemption 143) is retried: by replacing the
-// failed ranks in place where runPolicy.replicaRecovery allows it (controller/recovery.h),
-// else by a gang restart from the newest checkpoint.
-
 // status.avoidNodes as rank -> nodes its pods must not use (entries that do not parse are
 // skipped: the status is ours, but a user may have edited it).
 std::map<int, std::set<std::string>> avoidNodesFromStatus(const json& status);
-
-struct TelemetryView {
-  bool present = false;
-  json progress = json::object();          // status.progress
-  json stragglers = json::array();         // status.stragglers
-  std::string lastReportTime;              // RFC 3339
-  bool hung = false;
-  struct RankReport {
-    std::string podUid;  // pod that sent the rank's newest report ("" if the worker does not say)
-    long step = 0;
-    double silentSeconds = 0;  // since its newest report or heartbeat
-  };
-  std::map<int, RankReport> ranks;         // newest report of each rank
-};
 
 struct PlannedEvent {
   std::string type;   // Normal | Warning

@@ -55,7 +55,7 @@ bool Reconciler::createChild(const kube::ResourceType& rt, const json& obj, cons
   }
 }
 
-std::vector<json> Reconciler::ownedPods(const json& job, const api::JobMeta& meta) {
+std::vector<json> Reconciler::ownedPods(const api::JobMeta& meta) {
   std::vector<json> out;
   for (auto& pod : pods_.list(meta.ns, {{kLabelJob, meta.name}})) {
     const json refs = pod["metadata"].value("ownerReferences", json::array());
@@ -79,7 +79,6 @@ std::vector<json> Reconciler::ownedPods(const json& job, const api::JobMeta& met
     }
     out.push_back(std::move(pod));
   }
-  (void)job;
   return out;
 }
 
@@ -187,7 +186,7 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
     in.specError = e.what();
   }
   std::string oldPhase = in.status.value("phase", "");
-  for (const auto& p : ownedPods(*jobObj, meta)) in.pods.push_back(observePod(p));
+  for (const auto& p : ownedPods(meta)) in.pods.push_back(observePod(p));
 
   std::optional<JobRef> job;
   if (in.spec) {

@@ -34,7 +34,7 @@ class Reconciler {
   std::optional<std::chrono::milliseconds> reconcile(const std::string& ns, const std::string& name);
 
  private:
-  std::vector<json> ownedPods(const json& job, const api::JobMeta& meta);
+  std::vector<json> ownedPods(const api::JobMeta& meta);
   std::string ensureToken(const JobRef& job, bool mayCreate, const json& jobObj);
   void ensureChildren(const JobRef& job, const json& jobObj);
   // joiningRanks: replacements of an in-place recovery (EDIT_JOIN=1); status: the job's

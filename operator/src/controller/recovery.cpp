@@ -2,16 +2,7 @@
 
 #include <algorithm>
 
-#include "exit_codes.h"
-#include "modes.h"
-
 namespace edit::op::controller {
-
-// edit-train's exit codes that rule out an in-place recovery (docs/design-decisions.md):
-// 75, a peer was lost and this worker could not wait for it; 143, every rank checkpointed
-// and stops together.
-using edit::kExitPeerLost;
-constexpr int kExitStopped = edit::kExitTerminated;
 
 std::optional<RecoveryRecord> RecoveryRecord::fromStatus(const json& status) {
   if (!status.is_object() || !status.contains("recovery") || !status["recovery"].is_object()) return std::nullopt;
@@ -51,20 +42,6 @@ std::string rankList(const std::vector<int>& ranks) {
 }
 
 std::string RecoveryRecord::rankList() const { return controller::rankList(ranks); }
-
-std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
-                              const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active) {
-  if (spec.runPolicy.replicaRecovery != "InPlace") return "runPolicy.replicaRecovery is " + spec.runPolicy.replicaRecovery;
-  if (!edit::hasLocalPhases(spec.mode())) return "mode ddp synchronizes every step, so no rank can be replaced alone";
-  // Before every pod ran the gang had not formed: there is no running job to join.
-  if (phase != "Running") return "the gang was not running yet";
-  for (const auto* p : failed) {
-    if (p->exitCode == kExitPeerLost) return p->name + " could not wait for a replacement (exit 75)";
-    if (p->exitCode == kExitStopped) return p->name + " was stopped (exit 143: the gang checkpointed and stops)";
-    if (active && active->isReplacement(*p)) return "the replacement pod " + p->name + " failed while joining";
-  }
-  return "";
-}
 
 std::optional<long> rejoinedAtStep(const ObservedPod& pod, const TelemetryView& t) {
   if (!t.present) return -1L;

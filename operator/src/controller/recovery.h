@@ -1,8 +1,10 @@
 // In-place replica recovery, the planner's part: the record of a recovery in progress
-// (status.recovery) and the rule that decides whether failed workers can be replaced
-// without a gang restart. The runtime's side: a pod started with EDIT_JOIN=1 joins the
-// running job and takes the outer state from its sync-group peers, while the survivors
-// wait for it (runtime.recovery: inPlace). Pure functions, like the rest of the planner.
+// (status.recovery) and how the planner tells that the replacements joined or that
+// workers fell silent. Whether failed workers may be replaced without a gang restart is
+// the failure policy's rule (controller/failure_policy.h). The runtime's side: a pod
+// started with EDIT_JOIN=1 joins the running job and takes the outer state from its
+// sync-group peers, while the survivors wait for it (runtime.recovery: inPlace). Pure
+// functions, like the rest of the planner.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -10,8 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "api/editjob.h"
-#include "controller/plan.h"
+#include "controller/observed.h"
 
 namespace edit::op::controller {
 
@@ -35,11 +36,6 @@ struct RecoveryRecord {
   void add(const ObservedPod& pod);
   std::string rankList() const;  // "1, 3"
 };
-
-// Why these failed pods need a gang restart; empty when they can be replaced in place.
-// phase: the job's phase before this failure (only a gang that formed can be joined).
-std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
-                              const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active);
 
 // The step a replacement `pod` reported training at; nullopt while it has not (its rank's
 // newest report comes from another pod, or there is none). Without telemetry, or from a

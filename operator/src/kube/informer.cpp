@@ -42,15 +42,6 @@ void Informer::stop() {
 
 bool Informer::hasSynced() const { return synced_.load() >= static_cast<int>(namespaces_.size()); }
 
-bool Informer::waitForSync(std::chrono::milliseconds timeout) const {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!hasSynced()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-
 std::optional<json> Informer::get(const std::string& ns, const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.find(ns + "/" + name);
@@ -103,7 +94,6 @@ void Informer::apply(const std::string& type, const json& obj) {
 // Replaces this namespace's part of the cache with a fresh list; returns its resourceVersion.
 std::string Informer::relist(const std::string& ns) {
   json lst = client_.list(rt_, ns, ListOptions{labelSelector_, "", ""});
-  relists_++;
   std::vector<std::pair<std::string, json>> changes;
   {
     std::lock_guard<std::mutex> lock(mu_);

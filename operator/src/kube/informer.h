@@ -29,14 +29,11 @@ class Informer {
   void start();
   void stop();
   bool hasSynced() const;
-  bool waitForSync(std::chrono::milliseconds timeout) const;
 
   std::optional<json> get(const std::string& ns, const std::string& name) const;
   // Objects in ns (empty: all) whose labels contain every pair in `labels`.
   std::vector<json> list(const std::string& ns, const std::map<std::string, std::string>& labels = {}) const;
   std::vector<std::string> keys() const;
-
-  int relists() const { return relists_.load(); }
 
  private:
   void run(const std::string& ns);
@@ -54,7 +51,6 @@ class Informer {
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
   std::atomic<int> synced_{0};
-  std::atomic<int> relists_{0};
 };
 
 std::string objectKey(const json& obj);  // "namespace/name"

@@ -106,11 +106,6 @@ void WorkQueue::shutdown() {
   cv_.notify_all();
 }
 
-bool WorkQueue::shuttingDown() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return shutdown_;
-}
-
 size_t WorkQueue::length() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queue_.size();

@@ -39,7 +39,6 @@ class WorkQueue {
   std::optional<std::string> get();
   void done(const std::string& key);
   void shutdown();
-  bool shuttingDown() const;
   size_t length() const;
 
   // The delay addRateLimited would use now (exposed for tests); counts as a failure.

@@ -37,7 +37,6 @@ class LeaderElector {
   // One acquire-or-renew attempt (exposed for tests).
   bool tryAcquireOrRenew();
   void release();
-  bool isLeader() const { return leader_; }
 
  private:
   // Expiry is judged by our own clock from the moment the holder/renewTime last changed

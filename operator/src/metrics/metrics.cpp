@@ -125,7 +125,7 @@ void Metrics::setJob(const std::string& ns, const std::string& job, const JobSam
   s.tps->Set(v.tokensPerSecond);
   s.loss->Set(v.loss);
   s.step->Set(v.step);
-  s.sync->Set(v.syncSeconds);
+  s.sync->Set(v.lastSyncDurationSeconds);
 }
 
 void Metrics::setJobPhase(const std::string& ns, const std::string& job, const std::string& phase) {

@@ -24,13 +24,12 @@ struct WorkerSample {
   int rank = 0, replica = 0, shard = 0;
   std::string pod, node;
   double stepSeconds = 0;
-  double stragglerScore = 0;
   double commWaitSeconds = 0;     // cumulative since the worker process started
   double lastReportUnix = 0;      // wall clock of the last report (operator's clock)
 };
 
 struct JobSample {
-  double stragglers = 0, tokensPerSecond = 0, loss = 0, step = 0, syncSeconds = 0;
+  double stragglers = 0, tokensPerSecond = 0, loss = 0, step = 0, lastSyncDurationSeconds = 0;
 };
 
 class Metrics {

@@ -67,11 +67,11 @@ Progress JobTelemetry::progress() const {
     p.syncRounds = std::max(p.syncRounds, r.syncRounds);
     p.anomalies = std::max(p.anomalies, r.anomalies);
     lossSum += r.loss;
-    syncSum += r.syncSeconds;
+    syncSum += r.lastSyncDurationSeconds;
   }
   p.ranksReporting = static_cast<int>(ranks_.size());
   p.loss = lossSum / p.ranksReporting;
-  p.syncSeconds = syncSum / p.ranksReporting;
+  p.lastSyncDurationSeconds = syncSum / p.ranksReporting;
   if (samples_.size() >= 2) {
     const auto& first = samples_.front();
     const auto& last = samples_.back();

@@ -34,7 +34,7 @@ struct Report {
   uint64_t anomalies = 0;
   double stepSeconds = 0;
   double commWaitSeconds = 0;  // cumulative
-  double syncSeconds = 0;
+  double lastSyncDurationSeconds = 0;  // the last sync round's wall time (sync_seconds on the wire)
   std::vector<CommSample> comm;
   int restartGeneration = 0;
   bool heartbeat = false;  // a resend: the worker is alive, no new step
@@ -49,7 +49,7 @@ struct Progress {
   uint64_t syncRounds = 0;
   uint64_t anomalies = 0;
   double etaSeconds = -1;    // -1: unknown
-  double syncSeconds = 0;    // mean over ranks of the last sync round
+  double lastSyncDurationSeconds = 0;  // mean over ranks of their last sync round's duration
   int ranksReporting = 0;
 };
 
@@ -87,7 +87,6 @@ class JobTelemetry {
 
   bool hasReports() const { return !ranks_.empty(); }
   double lastReportTime() const { return lastReport_; }
-  double lastProgressTime() const { return lastProgress_; }
   // No step advanced on any rank for `timeout` seconds (and at least one report seen).
   bool hung(double now, double timeoutSeconds) const;
 

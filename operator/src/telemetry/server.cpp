@@ -147,7 +147,7 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
     rep.anomalies = r.anomalies();
     rep.stepSeconds = r.step_seconds();
     rep.commWaitSeconds = r.comm_wait_seconds();
-    rep.syncSeconds = r.sync_seconds();
+    rep.lastSyncDurationSeconds = r.sync_seconds();
     rep.restartGeneration = r.restart_generation();
     rep.heartbeat = r.heartbeat();
     for (const auto& c : r.comm()) rep.comm.push_back({c.op(), c.group(), c.bytes(), c.wait_seconds()});
@@ -182,7 +182,7 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
     js.tokensPerSecond = prog.tokensPerSecond;
     js.loss = prog.loss;
     js.step = static_cast<double>(prog.step);
-    js.syncSeconds = prog.syncSeconds;
+    js.lastSyncDurationSeconds = prog.lastSyncDurationSeconds;
     metrics_->setJob(ws.ns, ws.job, js);
   }
   if (onReport_) onReport_(r.namespace_(), r.job());

@@ -1,0 +1,98 @@
+#include "controller/failure_policy.h"
+
+#include "exit_codes.h"
+#include "modes.h"
+
+namespace edit::op::controller {
+
+std::string BackoffBudget::usage() const {
+  return std::to_string(used()) + " of runPolicy.backoffLimit=" + std::to_string(limit) + " used";
+}
+
+std::string BackoffBudget::exhaustedMessage() const {
+  return "runPolicy.backoffLimit=" + std::to_string(limit) + " already used (" + std::to_string(gangRestarts) +
+         " gang restarts, " + std::to_string(inPlaceRecoveries) + " in-place recoveries, " +
+         std::to_string(disruptions) + " of them after disruptions, not counted)";
+}
+
+std::optional<PermanentFailure> permanentFailure(const std::vector<const ObservedPod*>& failed) {
+  for (const auto* p : failed) {
+    if (!p->exitCode || !edit::isPermanentExit(*p->exitCode)) continue;
+    // edit-train found the outer step skipped maxSkippedRounds rounds in a row.
+    if (*p->exitCode == edit::kExitStalled)
+      return PermanentFailure{"TrainingStalled",
+                              describeExit(*p) + "; training stalled, not retried (a restart would replay it)"};
+    return PermanentFailure{"PermanentError", describeExit(*p) +
+                                                  ": a permanent error (invalid config or data, or command not "
+                                                  "runnable); not retried"};
+  }
+  return std::nullopt;
+}
+
+bool causedByDisruption(const std::vector<const ObservedPod*>& failed, bool disruptionSeen) {
+  bool allStopped = !failed.empty();
+  for (const auto* p : failed) {
+    if (!p->disruption.empty()) return true;
+    // 143: the gang stopped together; 76: SIGTERM reached this worker alone and it left;
+    // no exit code and no phase: a pod that vanished (the planner stands one in for it).
+    const bool stopped = p->exitCode ? edit::isStopExit(*p->exitCode) : p->phase.empty();
+    if (!stopped) allStopped = false;
+  }
+  return allStopped && disruptionSeen;
+}
+
+std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
+                              const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active) {
+  if (spec.runPolicy.replicaRecovery != "InPlace") return "runPolicy.replicaRecovery is " + spec.runPolicy.replicaRecovery;
+  if (!edit::hasLocalPhases(spec.mode())) return "mode ddp synchronizes every step, so no rank can be replaced alone";
+  // Before every pod ran the gang had not formed: there is no running job to join.
+  if (phase != "Running") return "the gang was not running yet";
+  // edit-train's exit codes that rule out an in-place recovery (docs/design-decisions.md):
+  // 75, a peer was lost and this worker could not wait for it; 143, every rank
+  // checkpointed and stops together.
+  for (const auto* p : failed) {
+    if (p->exitCode == edit::kExitPeerLost) return p->name + " could not wait for a replacement (exit 75)";
+    if (p->exitCode == edit::kExitTerminated)
+      return p->name + " was stopped (exit 143: the gang checkpointed and stops)";
+    if (active && active->isReplacement(*p)) return "the replacement pod " + p->name + " failed while joining";
+  }
+  return "";
+}
+
+FailureResponse respondToFailedWorkers(const std::string& gangRestartWhy, bool recoveryUnderWay, bool disrupted,
+                                       const BackoffBudget& budget) {
+  const bool inPlace = gangRestartWhy.empty();
+  // Another rank failed while the first is replaced: the same recovery, same budget.
+  if (inPlace && recoveryUnderWay) return FailureResponse::JoinRecovery;
+  if (inPlace && (disrupted || !budget.exhausted())) return FailureResponse::StartRecovery;
+  if (!disrupted && budget.exhausted()) return FailureResponse::FailJob;
+  return FailureResponse::RestartGang;
+}
+
+FailureResponse respondToHang(bool silentReplaceable, bool recoveryUnderWay, const BackoffBudget& budget) {
+  if (silentReplaceable && !recoveryUnderWay && !budget.exhausted()) return FailureResponse::StartRecovery;
+  if (budget.exhausted()) return FailureResponse::FailJob;
+  return FailureResponse::RestartGang;
+}
+
+bool mayReplaceStraggler(bool recoveryUnderWay, const BackoffBudget& budget) {
+  return recoveryUnderWay || !budget.exhausted();
+}
+
+std::string describeExit(const ObservedPod& p) {
+  if (p.phase != "Failed") return "worker pod " + p.name + (p.uid.empty() ? " is gone" : " is being deleted");
+  std::string s = "worker pod " + p.name + " failed";
+  if (p.exitCode) s += " with exit code " + std::to_string(*p.exitCode);
+  if (!p.reason.empty()) s += " (" + p.reason + ")";
+  // edit-train's own words (its termination message), cut to keep the status small.
+  if (!p.message.empty()) s += ": " + (p.message.size() > 1024 ? p.message.substr(0, 1024) + "..." : p.message);
+  return s;
+}
+
+std::string describeExits(const std::vector<const ObservedPod*>& pods) {
+  std::string s;
+  for (const auto* p : pods) s += (s.empty() ? "" : ", ") + describeExit(*p);
+  return s;
+}
+
+}  // namespace edit::op::controller

@@ -1,0 +1,56 @@
+#include "controller/observed.h"
+
+#include "controller/desired.h"
+
+namespace edit::op::controller {
+namespace {
+
+int labelInt(const json& labels, const char* key, int def) {
+  if (!labels.contains(key) || !labels[key].is_string()) return def;
+  try {
+    return std::stoi(labels[key].get<std::string>());
+  } catch (...) {
+    return def;
+  }
+}
+
+}  // namespace
+
+ObservedPod observePod(const json& pod) {
+  ObservedPod o;
+  const json& md = pod["metadata"];
+  o.name = md.value("name", "");
+  o.uid = md.value("uid", "");
+  json labels = md.value("labels", json::object());
+  o.rank = labelInt(labels, kLabelRank, -1);
+  o.generation = labelInt(labels, kLabelGeneration, 0);
+  o.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
+  const json status = pod.value("status", json::object());
+  o.phase = status.value("phase", "Pending");
+  o.node = pod.value("spec", json::object()).value("nodeName", "");
+  o.reason = status.value("reason", "");
+  if (o.reason == "Evicted") o.disruption = "Evicted";
+  for (const auto& c : status.value("conditions", json::array()))
+    if (c.value("type", "") == "DisruptionTarget" && c.value("status", "") == "True")
+      o.disruption = c.value("reason", "DisruptionTarget");
+  for (const auto& cs : status.value("containerStatuses", json::array())) {
+    const json st = cs.value("state", json::object());
+    if (o.started.empty() && st.contains("running") && st["running"].is_object())
+      o.started = st["running"].value("startedAt", "");
+    for (const char* which : {"state", "lastState"}) {
+      const json st = cs.value(which, json::object());
+      if (st.contains("terminated") && st["terminated"].contains("exitCode")) {
+        o.exitCode = st["terminated"]["exitCode"].get<int>();
+        std::string r = st["terminated"].value("reason", "");
+        if (!r.empty()) o.reason = r;
+        if (st["terminated"].contains("message") && st["terminated"]["message"].is_string())
+          o.message = st["terminated"]["message"].get<std::string>();
+        break;
+      }
+    }
+    if (o.exitCode) break;
+  }
+  return o;
+}
+
+}  // namespace edit::op::controller

@@ -1,0 +1,52 @@
+// What the planner observes of a job's gang: its pods as the API server shows them and
+// the workers' telemetry. Plain data read from the cluster and the telemetry hub; every
+// decision on it is made elsewhere (controller/plan.h, controller/failure_policy.h).
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+namespace edit::op::controller {
+
+using nlohmann::json;
+
+// One worker pod owned by the job, any restart generation.
+struct ObservedPod {
+  std::string name;
+  std::string uid;
+  int rank = -1;
+  int generation = 0;        // edit.io/restart-generation label
+  std::string phase;         // Pending | Running | Succeeded | Failed | Unknown
+  bool deleting = false;
+  std::optional<int> exitCode;
+  std::string node;
+  std::string reason;        // terminated reason or pod status reason
+  std::string message;       // the container's termination message (edit-train: why it failed)
+  // Set when the pod is being taken away rather than failing on its own: its
+  // DisruptionTarget condition (eviction, node drain, preemption, taint) or a kubelet
+  // eviction (status.reason Evicted). Such a failure does not spend backoffLimit.
+  std::string disruption;    // e.g. "EvictionByEvictionAPI"; "" when none
+  std::string started;       // RFC 3339: when its (first) container last started running; "" if not running
+};
+
+// Reads a Pod object; fields it lacks keep their defaults.
+ObservedPod observePod(const json& pod);
+
+// The workers' telemetry for one job, as the hub holds it when the reconcile runs.
+struct TelemetryView {
+  bool present = false;
+  json progress = json::object();          // status.progress
+  json stragglers = json::array();         // status.stragglers
+  std::string lastReportTime;              // RFC 3339
+  bool hung = false;
+  struct RankReport {
+    std::string podUid;  // pod that sent the rank's newest report ("" if the worker does not say)
+    long step = 0;
+    double silentSeconds = 0;  // since its newest report or heartbeat
+  };
+  std::map<int, RankReport> ranks;         // newest report of each rank
+};
+
+}  // namespace edit::op::controller

@@ -18,7 +18,20 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = ["ddp", "localsgd", "diloco", "edit", "a-edit"]
+
+
+def mode_table():
+    """The mode names of the one mode table (common/src/modes.h, kModeTable), in its order."""
+    text = open(os.path.join(ROOT, "common", "src", "modes.h")).read()
+    table = text[text.index("kModeTable"):]
+    names = re.findall(r'\{Mode::\w+,\s*"([a-z-]+)"', table)
+    if not names:
+        raise RuntimeError("common/src/modes.h: no rows found in kModeTable")
+    return names
+
+
+# Baselines first (the table lists EDiT first): ddp, localsgd, diloco, then edit, a-edit.
+MODES = sorted(mode_table(), key=lambda m: {"ddp": 0, "localsgd": 1, "diloco": 2}.get(m, 3))
 SCENARIOS = ["normal", "straggler", "random", "link100", "link20"]
 LAYOUTS = {"4x1": (4, 1), "2x2": (2, 2)}
 LINK_RATES = {"link100": "100mbit", "link20": "20mbit"}

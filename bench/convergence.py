@@ -37,11 +37,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import LAYOUTS, ROOT, blas_coretype, fmt, log, run_cmd  # noqa: E402
+from common import LAYOUTS, MODES, ROOT, blas_coretype, fmt, log, run_cmd  # noqa: E402
 from report import has_cairo  # noqa: E402
 from run import analyze, launch  # noqa: E402
 
-MODES = ["ddp", "localsgd", "diloco", "edit", "a-edit"]
 
 
 def parse_args(argv):

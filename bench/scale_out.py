@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from common import flops_per_token, param_count  # runtime/src/model.cpp's counts, in one place
+from common import flops_per_token, param_count  # runtime/src/model/model.cpp's counts, in one place
 
 # (dim, layers, heads, ffn) from common/src/worker_config.cpp presets; vocabulary of a real
 # tokenizer (Llama-2's 32000), not the byte-level 256 of the tiny benchmarks.

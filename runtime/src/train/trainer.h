@@ -1,7 +1,7 @@
 // The training loop of one worker: sharded forward/backward, the inner AdamW step, and
 // the synchronization schedule of each mode (ddp, localsgd, diloco, edit, a-edit).
-// Model (model.h), parallelism (comm.h, flat_units.h) and the algorithm (outer_sync.h,
-// penalty.h) live elsewhere; this file only decides what runs when.
+// The model (model/), parallelism (dist/) and the algorithm (sync/) live elsewhere; the
+// trainer only decides what runs when.
 #pragma once
 
 #include <torch/torch.h>
@@ -13,16 +13,17 @@
 #include <string>
 #include <vector>
 
-#include "dist/comm.h"
 #include "exit_codes.h"
 #include "modes.h"
 #include "worker_config.h"
+
 #include "data/data.h"
+#include "dist/comm.h"
 #include "dist/flat_units.h"
+#include "dist/rendezvous.h"
 #include "sync/optim.h"
 #include "sync/outer_sync.h"
 #include "sync/penalty.h"
-#include "dist/rendezvous.h"
 #include "telemetry/report.h"
 
 namespace edit {

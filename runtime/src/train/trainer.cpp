@@ -73,7 +73,16 @@ void Trainer::setup() {
   // those prefetched, and a gradient being reduced), so a step allocates nothing.
   buffers_ = std::make_unique<BufferCache>(
       torch::TensorOptions().dtype(torch::kFloat32).device(device_), prefetchDepth_ + 2);
-  memoryPlan_ = planMemory(shape_, comm_->shards(), isLocalMode(), cfg_.runtime.recovery == "inPlace",
+  const bool snapshot = cfg_.runtime.recovery == "inPlace";
+  if (snapshot && isLocalMode() && !cfg_.runtime.recoverySnapshotDir.empty()) {
+    try {
+      snap_.file = std::make_unique<SnapshotFile>(cfg_.runtime.recoverySnapshotDir);
+    } catch (const std::runtime_error& e) {
+      throw ConfigError(e.what());
+    }
+  }
+  // A snapshot on disk is page cache, not this worker's memory.
+  memoryPlan_ = planMemory(shape_, comm_->shards(), isLocalMode(), snapshot && !snap_.file,
                            reshardAfterForward_, prefetchDepth_);
   if (mesh_.rank == 0) {
     auto mb = [](int64_t b) { return std::to_string((b + 500000) / 1000000) + " MB"; };

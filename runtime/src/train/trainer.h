@@ -25,6 +25,7 @@
 #include "sync/outer_sync.h"
 #include "sync/penalty.h"
 #include "telemetry/report.h"
+#include "train/snapshot_file.h"
 
 namespace edit {
 
@@ -158,7 +159,8 @@ class Trainer {
   struct RoundSnapshot {
     bool valid = false;
     int64_t round = -1, step = 0;
-    std::vector<OuterUnit> outer;
+    std::vector<OuterUnit> outer;          // in memory, or
+    std::unique_ptr<SnapshotFile> file;    // on disk (runtime.recoverySnapshotDir)
     std::vector<EwmaDetector> detectors;
   };
   void beginRound(int64_t t);

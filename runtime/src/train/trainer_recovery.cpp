@@ -49,13 +49,17 @@ void Trainer::beginRound(int64_t t) {
   // memory with offloadOuterState): only kept when it can be used.
   if (!outerReady_ || cfg_.runtime.recovery != "inPlace") return;
   torch::NoGradGuard ng;
-  if (snap_.outer.size() != outer_.size()) {
-    snap_.outer.clear();
-    for (auto& o : outer_) snap_.outer.push_back({torch::empty_like(o.outer), torch::empty_like(o.momentum)});
-  }
-  for (size_t u = 0; u < outer_.size(); ++u) {
-    snap_.outer[u].outer.copy_(outer_[u].outer);
-    snap_.outer[u].momentum.copy_(outer_[u].momentum);
+  if (snap_.file) {
+    snap_.file->save(outer_);
+  } else {
+    if (snap_.outer.size() != outer_.size()) {
+      snap_.outer.clear();
+      for (auto& o : outer_) snap_.outer.push_back({torch::empty_like(o.outer), torch::empty_like(o.momentum)});
+    }
+    for (size_t u = 0; u < outer_.size(); ++u) {
+      snap_.outer[u].outer.copy_(outer_[u].outer);
+      snap_.outer[u].momentum.copy_(outer_[u].momentum);
+    }
   }
   snap_.detectors = detectors_;
   snap_.round = static_cast<int64_t>(syncRounds_);
@@ -186,9 +190,13 @@ torch::Tensor Trainer::offerTable(bool joiner) {
 }
 
 void Trainer::rollBackToSnapshot(int64_t round, int64_t step) {
-  for (size_t u = 0; u < outer_.size(); ++u) {
-    outer_[u].outer.copy_(snap_.outer[u].outer);
-    outer_[u].momentum.copy_(snap_.outer[u].momentum);
+  if (snap_.file) {
+    snap_.file->load(outer_);
+  } else {
+    for (size_t u = 0; u < outer_.size(); ++u) {
+      outer_[u].outer.copy_(snap_.outer[u].outer);
+      outer_[u].momentum.copy_(snap_.outer[u].momentum);
+    }
   }
   detectors_ = snap_.detectors;
   // Say so at once: should the copy below fail, a retry offers this round.

@@ -108,6 +108,23 @@ class Recovery(unittest.TestCase):
             text = f.read()
         self.assertIn(f"continuing from sync round 3 at step {kill_at - SYNC}", text)
 
+    def test_snapshot_on_disk_is_rolled_back_to(self):
+        # The same fault with runtime.recoverySnapshotDir: the survivors roll back to the
+        # round's start from the file, which is unlinked (nothing is left in the directory).
+        snap = os.path.join(self.d, "snapshots")
+        os.makedirs(snap)
+        kill_at = WARMUP + 4 * SYNC
+        self.recover("edit", 2, 3, [f"runtime.recoverySnapshotDir={snap}"], kill_at=kill_at)
+        with open(os.path.join(self.logs, "rank-0.log")) as f:
+            text = f.read()
+        self.assertIn(f"continuing from sync round 3 at step {kill_at - SYNC}", text)
+        self.assertEqual(os.listdir(snap), [])
+
+    def test_snapshot_dir_that_does_not_exist_is_a_config_error(self):
+        p, _ = self.launch("nodir", 2, ["algorithm.mode=edit", f"runtime.recoverySnapshotDir={self.d}/missing"])
+        self.assertEqual(p.returncode, 2, p.stdout[-2000:] + p.stderr[-2000:])
+        self.assertIn("runtime.recoverySnapshotDir", p.stdout + p.stderr)
+
     def test_edit_M4_N1_replica_lost(self):
         self.recover("edit", 1, 2)
 

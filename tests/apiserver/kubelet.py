@@ -42,6 +42,9 @@ class Container:
         self.next_start = 0.0
         self.done = False                    # terminated and not restarting
         self.image_id = ""                   # image mode: the image it runs
+        # terminationMessagePath on the host (process mode): emptied at each start, read
+        # into the terminated state's message as the real kubelet does.
+        self.term_path = log_path[:-len(".log")] + ".termination-log" if log_path.endswith(".log") else None
         # readinessProbe (httpGet or tcpSocket): its last result, when it is due next.
         self.probe = spec.get("readinessProbe") or {}
         self.probe_ok = not self.probe
@@ -373,6 +376,12 @@ class Kubelet:
         if self.images is not None:
             return self._launch_in_image(rp, pod, c, lookup, volumes)
         mounts = podenv.mount_map(c.spec, volumes)
+        if c.term_path:
+            # The container's terminationMessagePath names this file in its arguments and
+            # env values (no mount namespaces: translated like a volume's path).
+            with open(c.term_path, "w"):
+                pass
+            mounts = [(c.spec.get("terminationMessagePath") or "/dev/termination-log", c.term_path)] + mounts
         try:
             argv, env = podenv.build(pod, c.spec, self._base_env(rp), lookup, mounts)
         except podenv.ConfigError as e:
@@ -545,6 +554,9 @@ class Kubelet:
                 "containerID": "standin://%d" % c.proc.pid}
         if code < 0:
             term["signal"] = -code
+        message = self._termination_message(c, code)
+        if message:
+            term["message"] = message
         c.proc = None
         if policy == "Always" or (policy == "OnFailure" and code != 0):
             c.last_state = {"terminated": term}
@@ -557,6 +569,26 @@ class Kubelet:
         else:
             c.state = {"terminated": term}
             c.done = True
+
+    def _termination_message(self, c, code):
+        """The termination message file (at most 4 KiB), else with FallbackToLogsOnError and
+        a failure the log's tail (at most 80 lines and 2 KiB), as the kubelet does."""
+        text = ""
+        if c.term_path and self.images is None:
+            try:
+                with open(c.term_path, "rb") as f:
+                    text = f.read(4096).decode("utf-8", "replace")
+            except OSError:
+                pass
+        if not text and code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            try:
+                with open(c.log_path, "rb") as f:
+                    f.seek(max(0, os.path.getsize(c.log_path) - 2048))
+                    tail = f.read().decode("utf-8", "replace")
+                text = "\n".join(tail.split("\n")[-81:])
+            except OSError:
+                pass
+        return text
 
     def _finish(self, rp, phase):
         rp.phase = phase

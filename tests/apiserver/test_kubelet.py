@@ -39,6 +39,24 @@ class KubeletTest(StandInCase):
         self.assertEqual(self.kubectl("logs", "exit3").stdout, "hi\n")
         self.assertIn("Error", self.kubectl("get", "pod", "exit3").stdout)
 
+    def test_termination_message(self):
+        # The file named by terminationMessagePath (arguments name it as in a container).
+        body = json.loads(pod("termfile", 'echo "{\\"ok\\": 1}" > "$0"; exit 2'))
+        body["spec"]["containers"][0]["command"].append("/dev/termination-log")
+        self.kubectl("apply", "-f", "-", input=json.dumps(body))
+        term = self.wait_phase("termfile", "Failed")["status"]["containerStatuses"][0]["state"]["terminated"]
+        self.assertEqual((term["exitCode"], term["message"]), (2, '{"ok": 1}\n'))
+        # FallbackToLogsOnError: an empty file and a failure leave the log's last 80 lines.
+        body = json.loads(pod("termlog", "seq 1 100; exit 1"))
+        body["spec"]["containers"][0]["terminationMessagePolicy"] = "FallbackToLogsOnError"
+        self.kubectl("apply", "-f", "-", input=json.dumps(body))
+        term = self.wait_phase("termlog", "Failed")["status"]["containerStatuses"][0]["state"]["terminated"]
+        self.assertEqual(term["message"], "".join("%d\n" % i for i in range(21, 101)))
+        # Without the policy, or on success, a log is not a message.
+        self.kubectl("apply", "-f", "-", input=pod("nolog", "echo x; exit 1"))
+        term = self.wait_phase("nolog", "Failed")["status"]["containerStatuses"][0]["state"]["terminated"]
+        self.assertNotIn("message", term)
+
     def test_success_and_env(self):
         self.kubectl("apply", "-f", "-", input=json.dumps({
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "envcm"},

@@ -49,7 +49,7 @@ class Base(unittest.TestCase):
         self.c.kubectl("apply", "-f", h.CRD)
         self.c.kubectl("wait", "--for=condition=Established", "crd/editjobs.edit.io", "--timeout=30s")
 
-    def start_job(self, steps, with_operator=True):
+    def start_job(self, steps, with_operator=True, extra_spec=""):
         self.ns = h.unique("e2e")
         self.name = "tiny"
         self.c.create_namespace(self.ns)
@@ -59,7 +59,8 @@ class Base(unittest.TestCase):
         os.makedirs(data)
         h.make_data(data)
         self.ckpt = os.path.join(self.c.tmp, "ckpt")
-        manifest = render_manifest(self.name, self.ns, data, self.ckpt, h.free_port(), steps)
+        # extra_spec: more spec fields, indented by 2 (the template's spec ends the file).
+        manifest = render_manifest(self.name, self.ns, data, self.ckpt, h.free_port(), steps) + extra_spec
         res = self.c.kubectl("apply", "-f", "-", input=manifest)
         self.assertIn("editjob.edit.io/%s created" % self.name, res.stdout)
 
@@ -121,6 +122,74 @@ class KubectlFlow(Base):
         self.assertTrue(all(p["status"]["phase"] == "Succeeded" for p in pods))
         self.assertEqual(st.get("restarts", 0), 0)
         print("job succeeded in %.1fs, final loss %s" % (time.monotonic() - t0, loss))
+
+
+class ExportFlow(Base):
+    """spec.export: once the job has Succeeded the operator runs edit-export in one pod
+    (the kubelet runs build/runtime/edit-export), reads its report from the pod's
+    termination message into status.export and sets the Exported condition."""
+
+    def wait_exported(self, status):
+        w = self.c.kubectl("wait", "--for=condition=Exported=%s" % status, "ej/" + self.name, "-n", self.ns,
+                           "--timeout=240s", check=False, timeout=260)
+        self.assertEqual(w.returncode, 0, "kubectl wait failed: %s%s\n%s" % (w.stdout, w.stderr, self.c.diagnostics()))
+        job = json.loads(self.c.kubectl("get", "ej", self.name, "-n", self.ns, "-o", "json").stdout)
+        cond = next(c for c in job["status"]["conditions"] if c["type"] == "Exported")
+        return job["status"], cond
+
+    def export_pods(self):
+        return sorted((p["metadata"]["name"], p["status"].get("phase"))
+                      for p in self.c.pods(self.ns, self.name) if "-export-" in p["metadata"]["name"])
+
+    def test_export_succeeds(self):
+        self.start_job(steps=16, extra_spec="  export:\n    path: hf\n    dtype: bf16\n")
+        st, cond = self.wait_exported("True")
+        self.assertEqual(st["phase"], "Succeeded", st)
+        out = os.path.join(self.c.tmp, "hf")   # beside checkpoint.dir (no volume holds it)
+        ex = st["export"]
+        self.assertEqual((ex["path"], ex["step"], ex["weights"], ex["dtype"], ex["attempts"]),
+                         (out, 16, "outer", "bf16", 1), st)
+        self.assertEqual(cond["reason"], "Exported", cond)
+        self.assertIn("from the checkpoint of step 16", cond["message"])
+
+        model = os.path.join(out, "model.safetensors")
+        self.assertEqual(os.path.getsize(model), ex["bytes"])
+        with open(model, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        self.assertEqual(header["model.embed_tokens.weight"]["dtype"], "BF16")
+        self.assertEqual(header["model.embed_tokens.weight"]["shape"], [256, 64])
+        with open(os.path.join(out, "config.json")) as f:
+            config = json.load(f)
+        self.assertEqual((config["architectures"], config["hidden_size"], config["num_hidden_layers"]),
+                         (["LlamaForCausalLM"], 64, 2))
+
+        # One export pod beside the 4 workers; an operator restart does not export again.
+        self.assertEqual(self.export_pods(), [("tiny-export-1", "Succeeded")])
+        self.c.stop_operator()
+        self.c.start_operator([self.ns])
+        time.sleep(7)                           # past one resync (--resync-seconds 5)
+        self.assertEqual(self.export_pods(), [("tiny-export-1", "Succeeded")])
+        self.assertEqual(self.c.job(self.ns, self.name)["status"]["export"], ex)
+        events = self.c.kubectl("describe", "ej", self.name, "-n", self.ns).stdout.split("Events:", 1)[1]
+        self.assertRegex(events, r"Normal\s+Exported\s")
+        print("status.export: %s; %s" % (json.dumps(ex, sort_keys=True), cond["message"]))
+
+    def test_export_refused(self):
+        # 6 steps end inside the warm-up (8): the checkpoint has no outer weights, and
+        # edit-export refuses weights=outer (exit 2): final, no retry.
+        self.start_job(steps=6, extra_spec="  export:\n    path: hf\n    weights: outer\n")
+        st, cond = self.wait_exported("False")
+        self.assertEqual(st["phase"], "Succeeded", st)
+        self.assertEqual(cond["reason"], "ExportRefused", cond)
+        self.assertIn("export pod tiny-export-1 exited with code 2: refused:", cond["message"])
+        self.assertIn("holds no outer weights", cond["message"])
+        self.assertEqual(st["export"], {"attempts": 1}, st)
+        self.assertFalse(os.path.exists(os.path.join(self.c.tmp, "hf")))
+        time.sleep(7)                           # past one resync: still one attempt
+        self.assertEqual(self.export_pods(), [("tiny-export-1", "Failed")])
+        events = self.c.kubectl("describe", "ej", self.name, "-n", self.ns).stdout.split("Events:", 1)[1]
+        self.assertRegex(events, r"Warning\s+ExportRefused\s")
 
 
 class InvalidManifests(Base):

@@ -169,6 +169,36 @@ PodTemplateOverride parsePodTemplate(const json& spec) {
   return t;
 }
 
+ExportSpec parseExport(const json& spec, const std::string& mode) {
+  ExportSpec e;
+  const std::string p = "spec.export";
+  json o = getObject(spec, "export", "spec");
+  e.path = getString(o, "path", "", p);
+  require(!e.path.empty(), p + ".path",
+          "is required: the directory to write, relative to the checkpoint volume (e.g. export)");
+  require(e.path[0] != '/', p + ".path",
+          "must be relative to the checkpoint volume (e.g. export), got the absolute path '" + e.path + "'");
+  bool named = false;
+  for (size_t start = 0; start <= e.path.size();) {
+    size_t end = e.path.find('/', start);
+    if (end == std::string::npos) end = e.path.size();
+    const std::string seg = e.path.substr(start, end - start);
+    require(seg != "..", p + ".path", "must stay inside the checkpoint volume: remove '..' from '" + e.path + "'");
+    if (!seg.empty() && seg != ".") named = true;
+    start = end + 1;
+  }
+  require(named, p + ".path", "must name a directory inside the checkpoint volume (e.g. export), got '" + e.path + "'");
+  require(e.path.size() <= 1024, p + ".path", "must be at most 1024 characters");
+  e.dtype = getString(o, "dtype", e.dtype, p);
+  requireOneOf(e.dtype, {"f32", "bf16"}, p + ".dtype");
+  e.weights = getString(o, "weights", e.weights, p);
+  requireOneOf(e.weights, {"auto", "outer", "replica"}, p + ".weights");
+  // ddp synchronizes every step and keeps no outer weights: edit-export would refuse.
+  require(!(e.weights == "outer" && mode == "ddp"), p + ".weights",
+          "outer: algorithm.mode ddp keeps no outer weights; use auto or replica (every replica holds the same model)");
+  return e;
+}
+
 }  // namespace
 
 std::string EDiTJobSpec::mode() const {
@@ -242,6 +272,12 @@ EDiTJobSpec parseSpec(const json& obj) {
   s.debug = getObject(spec, "debug", p);
   // The worker sections are checked by the runtime's own parser (controller::checkWorkerConfig).
   s.podTemplate = parsePodTemplate(spec);
+  if (field(spec, "export")) {
+    s.exportModel = parseExport(spec, s.mode());
+    const json* dir = field(s.checkpoint, "dir");
+    require(field(s.checkpoint, "pvc") || (dir && dir->is_string() && !dir->get<std::string>().empty()),
+            "spec.export", "needs a checkpoint to read: set spec.checkpoint.pvc or spec.checkpoint.dir");
+  }
   s.runPolicy = parseRunPolicy(spec);
   s.stragglerPolicy = parseStragglerPolicy(spec);
   return s;

@@ -49,6 +49,14 @@ struct StragglerPolicy {
   int minReports = 5;            // a rank needs this many reports before it is scored
 };
 
+// spec.export: after the job succeeded, one pod runs edit-export on its final checkpoint
+// (controller/export_policy.h). path is relative to the checkpoint volume.
+struct ExportSpec {
+  std::string path;
+  std::string dtype = "f32";     // f32 | bf16
+  std::string weights = "auto";  // auto | outer | replica (edit-export --weights)
+};
+
 // spec.podTemplate: what a user may add to or replace in the worker pods (in the manner of
 // Kubeflow Trainer's pod template overrides).
 struct PodTemplateOverride {
@@ -86,6 +94,7 @@ struct EDiTJobSpec {
   nlohmann::json checkpoint = nlohmann::json::object();
   nlohmann::json debug = nlohmann::json::object();
   PodTemplateOverride podTemplate;
+  std::optional<ExportSpec> exportModel;  // spec.export
   RunPolicy runPolicy;
   StragglerPolicy stragglerPolicy;
 

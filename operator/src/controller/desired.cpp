@@ -11,7 +11,6 @@
 namespace edit::op::controller {
 namespace {
 
-const char* kCheckpointMount = "/checkpoints";
 const char* kDataMount = "/data";
 // Each worker serves its Prometheus /metrics here (the chart's PodMonitor scrapes port "metrics").
 const int kWorkerMetricsPort = 9400;
@@ -80,6 +79,29 @@ std::string masterAddr(const std::string& job, const std::string& ns) {
   return podName(job, 0) + "." + serviceName(job) + "." + ns + ".svc";
 }
 
+// Restricted Pod Security Standard by default, so that workers run in namespaces that
+// enforce it; spec.podTemplate replaces either part as a whole.
+json containerSecurityContext(const api::EDiTJobSpec& s) {
+  return s.podTemplate.containerSecurityContext.value_or(
+      json{{"allowPrivilegeEscalation", false}, {"capabilities", {{"drop", json::array({"ALL"})}}}, {"runAsNonRoot", true}});
+}
+
+json podSecurityContext(const api::EDiTJobSpec& s) {
+  return s.podTemplate.securityContext.value_or(
+      json{{"runAsNonRoot", true},
+           {"seccompProfile", {{"type", "RuntimeDefault"}}},
+           // The runtime image's group: new checkpoint and data volumes are writable.
+           {"fsGroup", kRuntimeImageGid},
+           {"fsGroupChangePolicy", "OnRootMismatch"}});
+}
+
+std::string checkpointDir(const JobRef& job) {
+  const json& ckpt = job.spec.checkpoint;
+  std::string dir = ckpt.contains("dir") && ckpt["dir"].is_string() ? ckpt["dir"].get<std::string>() : "";
+  if (ckpt.contains("pvc") && dir.empty()) dir = std::string(kCheckpointMount) + "/" + job.meta.name;
+  return dir;
+}
+
 json ownerReference(const api::JobMeta& meta) {
   return {{"apiVersion", api::kApiVersion}, {"kind", api::kKind}, {"name", meta.name},
           {"uid", meta.uid}, {"controller", true}, {"blockOwnerDeletion", true}};
@@ -106,10 +128,8 @@ std::string workerConfigYaml(const JobRef& job) {
   put("training", s.training);
   put("algorithm", s.algorithm);
   json ckpt = s.checkpoint;
-  bool hasPvc = ckpt.contains("pvc");
   ckpt.erase("pvc");
-  std::string dir = ckpt.value("dir", "");
-  if (hasPvc && dir.empty()) dir = std::string(kCheckpointMount) + "/" + job.meta.name;
+  const std::string dir = checkpointDir(job);
   if (!dir.empty()) ckpt["dir"] = dir;
   put("checkpoint", ckpt);
   put("debug", s.debug);
@@ -252,16 +272,8 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
     mounts.push_back({{"name", "edit-telemetry-ca"}, {"mountPath", kTelemetryCaDir}, {"readOnly", true}});
   }
 
-  // Restricted Pod Security Standard by default, so that workers run in namespaces that
-  // enforce it; spec.podTemplate replaces either part as a whole.
-  json containerSecurity = s.podTemplate.containerSecurityContext.value_or(
-      json{{"allowPrivilegeEscalation", false}, {"capabilities", {{"drop", json::array({"ALL"})}}}, {"runAsNonRoot", true}});
-  json podSecurity = s.podTemplate.securityContext.value_or(
-      json{{"runAsNonRoot", true},
-           {"seccompProfile", {{"type", "RuntimeDefault"}}},
-           // The runtime image's group: new checkpoint and data volumes are writable.
-           {"fsGroup", kRuntimeImageGid},
-           {"fsGroupChangePolicy", "OnRootMismatch"}});
+  json containerSecurity = containerSecurityContext(s);
+  json podSecurity = podSecurityContext(s);
 
   json container = {{"name", "worker"}, {"image", s.image}, {"command", s.command}, {"env", env},
                     {"securityContext", containerSecurity},

@@ -22,6 +22,7 @@ inline constexpr const char* kLabelShard = "edit.io/shard";
 inline constexpr const char* kLabelGeneration = "edit.io/restart-generation";
 inline constexpr const char* kConfigKey = "config.yaml";
 inline constexpr const char* kTokenKey = "token";
+inline constexpr const char* kCheckpointMount = "/checkpoints";  // where spec.checkpoint.pvc is mounted
 
 struct JobRef {
   api::JobMeta meta;
@@ -47,6 +48,11 @@ std::string podName(const std::string& job, int rank);
 std::string masterAddr(const std::string& job, const std::string& ns);
 
 json ownerReference(const api::JobMeta& meta);
+// The pod and container securityContext of the job's pods (defaults or spec.podTemplate's).
+json podSecurityContext(const api::EDiTJobSpec& s);
+json containerSecurityContext(const api::EDiTJobSpec& s);
+// checkpoint.dir as the workers get it ("" when the job keeps no checkpoints).
+std::string checkpointDir(const JobRef& job);
 
 // The worker YAML (common/src/worker_config.h structure) from spec.model/data/training/
 // algorithm/checkpoint/debug; volume claims become mount paths.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "controller/export_pod.h"
+#include "controller/export_policy.h"
 #include "util/log.h"
 
 namespace edit::op::controller {
@@ -181,12 +183,17 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
     in.spec = api::parseSpec(*jobObj);
     api::validateName(meta.name, in.spec->worldSize());
     checkWorkerConfig(JobRef{meta, *in.spec});
+    checkExport(JobRef{meta, *in.spec});
   } catch (const api::SpecError& e) {
     in.spec.reset();
     in.specError = e.what();
   }
   std::string oldPhase = in.status.value("phase", "");
-  for (const auto& p : ownedPods(meta)) in.pods.push_back(observePod(p));
+  std::vector<ExportPod> exportPods;  // spec.export's pods are not workers
+  for (const auto& p : ownedPods(meta)) {
+    if (isExportPod(p)) exportPods.push_back(observeExportPod(p));
+    else in.pods.push_back(observePod(p));
+  }
 
   std::optional<JobRef> job;
   if (in.spec) {
@@ -201,6 +208,10 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
   }
 
   Plan plan = planReconcile(in);
+  std::optional<int> exportAttempt;
+  if (job && job->spec.exportModel)
+    exportAttempt = mergeExportPlan(plan, {job->spec.exportModel, exportOutDir(*job), job->spec.runPolicy.cleanPodPolicy,
+                                           plan.status, meta.generation, exportPods, in.now});
   const json& st = plan.status;
   std::string newPhase = st.value("phase", "");
   int restartGen = st.value("restartGeneration", 0);
@@ -242,6 +253,8 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
     createPods(*job, plan.ranksToCreate, restartGen, plan.joiningRanks, st, *jobObj);
     if (plan.gangCreated) metrics_.jobCreated();
   }
+  if (job && exportAttempt && createChild(res::Pods, desiredExportPod(*job, *exportAttempt), *jobObj))
+    log::info("created export pod", {{"namespace", ns}, {"job", name}, {"pod", exportPodName(name, *exportAttempt)}});
   if (plan.deleteJob) {
     log::info("deleting finished job (ttlSecondsAfterFinished)", {{"namespace", ns}, {"job", name}});
     client_.remove(res::EDiTJobs, ns, name, "Background");

@@ -1,0 +1,215 @@
+#include "controller/export_policy.h"
+
+#include <algorithm>
+
+#include "controller/export_pod.h"
+#include "util/log.h"
+
+namespace edit::op::controller {
+namespace {
+
+constexpr size_t kMaxMessage = 1024;
+
+std::string cut(const std::string& s) { return s.size() > kMaxMessage ? s.substr(0, kMaxMessage) + "..." : s; }
+
+// The termination message as edit-export's report, or null (a log tail, or nothing).
+json report(const ExportPod& p) {
+  json j = json::parse(p.message, nullptr, false);
+  return j.is_object() ? j : json();
+}
+
+// Why an attempt failed, in edit-export's words where there are any.
+std::string failure(const ExportPod& p) {
+  std::string s = "export pod " + p.name;
+  if (p.phase != "Failed") s += p.phase.empty() ? " is gone" : " is being deleted";
+  else if (p.exitCode) s += " exited with code " + std::to_string(*p.exitCode);
+  else s += " failed";
+  if (!p.reason.empty() && p.reason != "Error") s += " (" + p.reason + ")";
+  const json r = report(p);
+  std::string why = r.is_object() && r.contains("error") && r["error"].is_string() ? r["error"].get<std::string>() : p.message;
+  while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+  if (!why.empty()) s += ": " + why;
+  return cut(s);
+}
+
+long asLong(const json& v) {
+  if (v.is_number_integer()) return v.get<long>();
+  if (v.is_string()) {
+    try {
+      return std::stol(v.get<std::string>());
+    } catch (...) {
+    }
+  }
+  return 0;
+}
+
+class ExportPlanner {
+ public:
+  explicit ExportPlanner(const ExportInput& in) : in_(in) {
+    out_.status = in.status.is_object() ? in.status : json::object();
+    now_ = log::rfc3339(in.now);
+    if (out_.status.contains("export") && out_.status["export"].is_object()) ex_ = out_.status["export"];
+  }
+
+  ExportPlan run() {
+    if (!in_.spec) return out_;
+    const std::string phase = out_.status.value("phase", "");
+    const json* c = findCondition(out_.status, "Exported");
+    const std::string done = c ? c->value("status", "") : "";
+    if (phase == "Failed" && done.empty()) {
+      cond("False", "JobFailed", "the job failed; spec.export runs only after it succeeds");
+      return out_;
+    }
+    if (phase != "Succeeded") return out_;
+    if (done == "True" || done == "False") {
+      if (in_.cleanPodPolicy == "All")
+        for (const auto& p : in_.pods)
+          if (!p.deleting) out_.podsToDelete.push_back(p.name);
+      return out_;
+    }
+    out_.inProgress = true;
+    const int attempts = static_cast<int>(asLong(ex_.value("attempts", json(0))));
+    if (attempts < 1) return start(1);
+
+    const ExportPod* cur = nullptr;
+    for (const auto& p : in_.pods)
+      if (p.attempt == attempts && (!cur || cur->deleting)) cur = &p;
+    if (!cur) {
+      // Not created yet (the operator stopped after storing the attempt) or deleted by
+      // someone: create it (again). The name makes a second create a no-op.
+      out_.createAttempt = attempts;
+      return out_;
+    }
+    if (cur->phase == "Succeeded") return succeeded(*cur);
+    if (cur->phase != "Failed") {
+      if (cur->deleting) out_.requeueAfterSeconds = 1;  // gone soon: then it is recreated
+      return out_;
+    }
+    const std::string why = failure(*cur);
+    if (cur->exitCode && *cur->exitCode == 2) {
+      finish("False", "ExportRefused", why + " (edit-export refused: not retried)", "Warning");
+      return out_;
+    }
+    if (attempts >= kExportAttempts) {
+      finish("False", "ExportFailed",
+             "attempt " + std::to_string(attempts) + " of " + std::to_string(kExportAttempts) + " failed: " + why,
+             "Warning");
+      return out_;
+    }
+    return retry(attempts, why);
+  }
+
+ private:
+  void cond(const std::string& s, const std::string& reason, const std::string& msg) {
+    setCondition(out_.status, "Exported", s, reason, msg, now_, in_.generation);
+  }
+  void store() { out_.status["export"] = ex_; }
+
+  ExportPlan start(int attempt) {
+    ex_["attempts"] = attempt;
+    ex_.erase("nextAttemptTime");
+    store();
+    const std::string msg = "exporting the checkpoint to " + in_.outDir + " (attempt " + std::to_string(attempt) +
+                            " of " + std::to_string(kExportAttempts) + ")";
+    cond("Unknown", "Exporting", msg);
+    out_.events.push_back({"Normal", "Exporting", msg});
+    out_.createAttempt = attempt;
+    return out_;
+  }
+
+  // The first look at a failed attempt stores when the next one is due, so that the
+  // backoff survives operator restarts and does not restart at every reconcile.
+  ExportPlan retry(int attempts, const std::string& why) {
+    std::time_t due = log::parseRfc3339(ex_.value("nextAttemptTime", ""));
+    if (!due) {
+      due = in_.now + kExportBackoffSeconds * (1L << (attempts - 1));
+      ex_["nextAttemptTime"] = log::rfc3339(due);
+      store();
+      const std::string msg = "attempt " + std::to_string(attempts) + " of " + std::to_string(kExportAttempts) +
+                              " failed: " + why + "; retrying at " + log::rfc3339(due);
+      cond("Unknown", "ExportRetrying", msg);
+      out_.events.push_back({"Warning", "ExportRetrying", msg});
+    }
+    if (in_.now < due) {
+      out_.requeueAfterSeconds = static_cast<long>(due - in_.now);
+      return out_;
+    }
+    return start(attempts + 1);
+  }
+
+  ExportPlan succeeded(const ExportPod& p) {
+    const json r = report(p);
+    json ex = {{"attempts", ex_.value("attempts", json(0))}};
+    ex["path"] = r.is_object() && r.contains("out") && r["out"].is_string() ? r["out"].get<std::string>() : in_.outDir;
+    std::string msg = "exported to " + ex["path"].get<std::string>();
+    if (r.is_object()) {
+      if (r.contains("step")) ex["step"] = asLong(r["step"]);
+      if (r.contains("weights") && r["weights"].is_string()) ex["weights"] = r["weights"];
+      if (r.contains("dtype") && r["dtype"].is_string()) ex["dtype"] = r["dtype"];
+      if (r.contains("bytes")) ex["bytes"] = asLong(r["bytes"]);
+      msg = "wrote " + r.value("model", ex["path"].get<std::string>() + "/model.safetensors") + " and config.json";
+      if (ex.contains("step")) msg += " from the checkpoint of step " + std::to_string(ex["step"].get<long>());
+      msg += " (" + ex.value("weights", std::string("?")) + " weights, " + ex.value("dtype", in_.spec->dtype) + ", " +
+             std::to_string(ex.value("bytes", 0L)) + " bytes)";
+    } else {
+      msg += " (" + p.name + " left no report)";
+    }
+    ex_ = ex;
+    store();
+    finish("True", "Exported", msg, "Normal");
+    return out_;
+  }
+
+  void finish(const std::string& s, const std::string& reason, const std::string& msg, const std::string& eventType) {
+    ex_.erase("nextAttemptTime");
+    store();
+    cond(s, reason, msg);
+    out_.events.push_back({eventType, reason, msg});
+    out_.inProgress = false;
+  }
+
+  const ExportInput& in_;
+  ExportPlan out_;
+  json ex_ = json::object();  // status.export
+  std::string now_;
+};
+
+}  // namespace
+
+bool isExportPod(const json& pod) {
+  const json labels = pod.value("metadata", json::object()).value("labels", json::object());
+  return labels.value(kLabelComponent, "") == kComponentExport;
+}
+
+ExportPod observeExportPod(const json& pod) {
+  const ObservedPod o = observePod(pod);
+  ExportPod p;
+  p.name = o.name;
+  p.phase = o.phase;
+  p.deleting = o.deleting;
+  p.exitCode = o.exitCode;
+  p.reason = o.reason;
+  p.message = o.message;
+  const json labels = pod.value("metadata", json::object()).value("labels", json::object());
+  p.attempt = static_cast<int>(asLong(labels.value(kLabelExportAttempt, json("0"))));
+  return p;
+}
+
+ExportPlan planExport(const ExportInput& in) { return ExportPlanner(in).run(); }
+
+std::optional<int> mergeExportPlan(Plan& plan, const ExportInput& in) {
+  ExportPlan e = planExport(in);
+  plan.status = e.status;
+  plan.events.insert(plan.events.end(), e.events.begin(), e.events.end());
+  plan.podsToDelete.insert(plan.podsToDelete.end(), e.podsToDelete.begin(), e.podsToDelete.end());
+  if (e.requeueAfterSeconds && (!plan.requeueAfterSeconds || *e.requeueAfterSeconds < *plan.requeueAfterSeconds))
+    plan.requeueAfterSeconds = e.requeueAfterSeconds;
+  // ttlSecondsAfterFinished waits for the export: deleting the job would take its pod.
+  if (e.inProgress && plan.deleteJob) {
+    plan.deleteJob = false;
+    if (!plan.requeueAfterSeconds) plan.requeueAfterSeconds = 5;
+  }
+  return e.createAttempt;
+}
+
+}  // namespace edit::op::controller

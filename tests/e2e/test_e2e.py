@@ -49,7 +49,7 @@ class Base(unittest.TestCase):
         self.c.kubectl("apply", "-f", h.CRD)
         self.c.kubectl("wait", "--for=condition=Established", "crd/editjobs.edit.io", "--timeout=30s")
 
-    def start_job(self, steps, with_operator=True, extra_spec=""):
+    def start_job(self, steps, with_operator=True, extra_spec="", corrupt_train=False):
         self.ns = h.unique("e2e")
         self.name = "tiny"
         self.c.create_namespace(self.ns)
@@ -58,6 +58,9 @@ class Base(unittest.TestCase):
         data = os.path.join(self.c.tmp, "data")
         os.makedirs(data)
         h.make_data(data)
+        if corrupt_train:  # a file the CRD and the operator cannot know is bad: edit-train exits 2
+            path = os.path.join(data, "train.bin")
+            os.truncate(path, os.path.getsize(path) - 1)  # llm.c header: more tokens than the file holds
         self.ckpt = os.path.join(self.c.tmp, "ckpt")
         # extra_spec: more spec fields, indented by 2 (the template's spec ends the file).
         manifest = render_manifest(self.name, self.ns, data, self.ckpt, h.free_port(), steps) + extra_spec
@@ -122,6 +125,25 @@ class KubectlFlow(Base):
         self.assertTrue(all(p["status"]["phase"] == "Succeeded" for p in pods))
         self.assertEqual(st.get("restarts", 0), 0)
         print("job succeeded in %.1fs, final loss %s" % (time.monotonic() - t0, loss))
+
+
+class WorkerError(Base):
+    def test_exit_2_puts_the_workers_error_into_the_failed_condition(self):
+        # terminationMessagePolicy FallbackToLogsOnError: the kubelet gives the operator the
+        # tail of the worker's log, and the operator puts edit-train's own words into the
+        # Failed condition (exit 2 is permanent: no restart).
+        self.start_job(steps=20, corrupt_train=True)
+        w = self.c.kubectl("wait", "--for=condition=Failed", "ej/" + self.name, "-n", self.ns,
+                           "--timeout=120s", check=False, timeout=140)
+        self.assertEqual(w.returncode, 0, "kubectl wait failed: %s%s\n%s" % (w.stdout, w.stderr, self.c.diagnostics()))
+        st = self.c.job(self.ns, self.name)["status"]
+        failed = next(c for c in st["conditions"] if c["type"] == "Failed")
+        self.assertIn("train.bin: header says", failed["message"], failed)
+        self.assertIn("(truncated?)", failed["message"], failed)
+        self.assertIn("exit code 2", failed["message"], failed)
+        self.assertEqual(st.get("restarts", 0), 0, st)
+        desc = self.c.kubectl("describe", "ej", self.name, "-n", self.ns).stdout
+        self.assertIn("train.bin: header says", desc)
 
 
 class ExportFlow(Base):

@@ -16,7 +16,10 @@ stand-in with its kubelet and the edit-operator (tests/e2e/harness.py), one afte
                   delete    `kubectl delete pod` a random worker (SIGTERM, grace period)
                   operator  SIGKILL the operator; the harness starts a new one 1-5 s later,
                             as a Deployment would
-                  standin   restart the API stand-in (SIGTERM, same port, --state kept)
+                  standin   crash the API stand-in and its kubelet (SIGKILL) and start it
+                            again (same port, --state kept): the pods' processes keep
+                            running and the new kubelet adopts them, as containers outlive
+                            a restart of a real API server or kubelet
 
 The next fault waits until training resumed after the previous one (every rank logged a
 step from a process started after it), so faults do not pile up; none is injected in the
@@ -329,13 +332,14 @@ class Job:
 # ---------------------------------------------------------------------------- faults
 
 class Injector:
-    def __init__(self, cluster, ns, job, rng):
+    def __init__(self, cluster, ns, job, rng, kinds):
         self.c, self.ns, self.job, self.rng = cluster, ns, job, rng
+        self.kinds = kinds
         self.bag = []
 
     def draw(self):
         if not self.bag:
-            self.bag = list(KINDS)
+            self.bag = list(self.kinds)
             self.rng.shuffle(self.bag)
         return self.bag.pop()
 
@@ -369,7 +373,7 @@ class Injector:
             self.c.start_operator([self.ns])
             f["down_seconds"] = round(down, 1)
         elif kind == "standin":
-            self.c.stop_standin(signal.SIGTERM)
+            self.c.stop_standin(signal.SIGKILL)
             time.sleep(1)
             self.c.start_standin()
             f["back_t"] = j.now()
@@ -398,8 +402,8 @@ class Injector:
         return True
 
 
-def run_soak(job, shape, every, jitter, duration, rng):
-    inj = Injector(job.c, job.ns, job, rng)
+def run_soak(job, shape, every, jitter, duration, rng, kinds):
+    inj = Injector(job.c, job.ns, job, rng, kinds)
     next_at = every * rng.uniform(1 - jitter, 1 + jitter)
     last = None
     pending_since = None
@@ -565,14 +569,17 @@ def fmt(v, spec="%.1f"):
 def write_report(out, a, results):
     with open(os.path.join(out, "soak.json"), "w") as f:
         json.dump({"args": vars(a), "layouts": results}, f, indent=1, default=str)
+    kinds = "" if a.kinds == KINDS else "Fault kinds drawn: %s only. " % ", ".join(a.kinds)
     L = ["# Soak: goodput under repeated failures (%s)" % datetime.datetime.now().isoformat(timespec="seconds"), "",
          "`python3 bench/soak.py %s` (seed %d): EDiTJob on the API stand-in with its kubelet and the "
          "edit-operator, a fault every ~%d s (+-%d%%) for %d s, drawn at random from: SIGKILL a worker, SIGSTOP a "
-         "worker (hang), `kubectl delete pod` a worker, SIGKILL the operator (restarted 1-5 s later), restart "
-         "the stand-in. Model: %s. Machine: 2 cores shared with other sessions; load averages are listed: "
+         "worker (hang), `kubectl delete pod` a worker, SIGKILL the operator (restarted 1-5 s later), "
+         "SIGKILL the stand-in (API server and kubelet; restarted 1 s later, it adopts the running pods' processes). "
+         "%s Model: %s. Machine: 2 cores shared with other sessions; load averages are listed: "
          "the goodput compares two runs made one after the other, so a change in the machine's load between them "
          "moves it (the steady step rates show by how much)." % (
-             a.duration if not a.smoke else "--smoke", a.seed, a.fault_every, int(a.jitter * 100), a.duration,
+             (str(a.duration) if not a.smoke else "--smoke") + (" --kinds " + ",".join(a.kinds) if a.kinds != KINDS else ""),
+             a.seed, a.fault_every, int(a.jitter * 100), a.duration, kinds,
              "the `tiny` preset (d=128, 4 layers, seqLen 128, batch 8, tau 16, warm-up 30, checkpoint every 32 steps)"
              if a.model == "tiny" else "the fault suite's small job (dim 64, 2 layers, seqLen 32, batch 4, tau 4)"), ""]
     L += ["| layout | steps | phase | goodput | goodput (training loop) | faults | worker faults in place | gang restarts | "
@@ -596,9 +603,8 @@ def write_report(out, a, results):
           "the worker logs.",
           "- **outcome**: from the job's status counters and the worker logs between this fault and the next: "
           "`in place` (replicaRecoveries rose, or a worker logged `recovered in place`), `gang restart` (restarts "
-          "rose), `processes restarted in their pods` (the stand-in's kubelet stops its pods' processes when it "
-          "stops and starts them again when it comes back: they resume from the newest checkpoint; a real "
-          "API-server restart leaves containers alone), `no interruption`.",
+          "rose), `processes restarted in their pods` (they resumed from the newest checkpoint in the same pods), "
+          "`no interruption`.",
           "- **steps redone**: per fault, the most steps any rank logged twice (its furthest step before the "
           "fault minus the step it resumed at). **exits 75**: workers that gave up waiting (gang restart).",
           "- **duplicate pods**: the fault suite's tracker (never more than M x N pods, never two live generations, "
@@ -670,7 +676,7 @@ def run_layout(a, layout, rng, data_dir, out):
         soak = Job(c, ns, "soak-" + layout.replace("x", "by"), shape, steps, replicas, shards)
         log("%s: soak job, %d steps, a fault every ~%d s for %d s" % (layout, steps, a.fault_every, a.duration))
         soak.start()
-        run_soak(soak, shape, a.fault_every, a.jitter, a.duration, rng)
+        run_soak(soak, shape, a.fault_every, a.jitter, a.duration, rng, a.kinds)
         soak.end()
         s = analyse(soak, b)
         log("%s: soak %s in %.1f s, goodput %s, %s worker faults in place, restarts %d, duplicate-pod problems %d, "
@@ -696,6 +702,8 @@ def main():
     ap.add_argument("--fault-every", type=float, default=60)
     ap.add_argument("--jitter", type=float, default=0.25, help="the interval is fault-every x U(1-j, 1+j)")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="the fault kinds to draw from, comma-separated (default: all of %s)" % ",".join(KINDS))
     ap.add_argument("--steps", type=int, default=0, help="job steps (default: calibrated to the duration)")
     ap.add_argument("--model", choices=["tiny", "small"], default="tiny")
     ap.add_argument("--data", default=os.path.join(ROOT, "data", "brown"), help="train.bin/val.bin (tiny model)")
@@ -706,6 +714,10 @@ def main():
                     help="exit 1 unless every soak ended Succeeded with no duplicate pod and a report")
     ap.add_argument("--keep-logs", action="store_true", help="copy the worker, operator and stand-in logs to --out")
     a = ap.parse_args()
+    a.kinds = a.kinds.split(",")
+    for k in a.kinds:
+        if k not in KINDS:
+            ap.error("--kinds: unknown fault kind %r (known: %s)" % (k, ",".join(KINDS)))
     if a.smoke:
         a.model, a.duration, a.fault_every = "small", min(a.duration, 100), min(a.fault_every, 20)
         if a.layouts == "2x2,4x1":

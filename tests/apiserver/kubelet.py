@@ -1,7 +1,12 @@
 """Local kubelet: registers fake nodes, binds pending pods, runs each
 container's command as a local process group with its own 127.x pod IP (on the host,
 or with images=True inside its image's root filesystem), reports status, and stops
-pods gracefully on deletion."""
+pods gracefully on deletion.
+
+On the host each container runs under a shim (shim.py) that records how it ended, so
+a kubelet started after a crash of the stand-in (SIGKILL) adopts the pods' processes
+that are still running instead of starting them again: containers outlive a restart of
+a real API server or kubelet too. A stand-in stopped with SIGTERM stops its pods."""
 import copy
 import json
 import os
@@ -30,6 +35,59 @@ SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTO
 BACKOFF_START, BACKOFF_MAX = 1.0, 10.0     # the real kubelet: 10 s doubling to 5 min
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # probes go to the pod
 CHROOT_EXEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chroot_exec.py")
+SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim.py")
+
+
+def read_shim_exit(base):
+    """The shim's record of how its process ended: a Popen-style returncode (negative: the
+    signal) and a start error message, or None while it runs."""
+    try:
+        with open(base + ".exit") as f:
+            kind, _, value = f.read().partition(" ")
+    except OSError:
+        return None
+    if kind == "signal":
+        return -int(value), None
+    if kind == "start-error":
+        return 128, value
+    return int(value), None
+
+
+def shim_alive(pid, base):
+    """The shim `pid` still runs (and is the shim of `base`, not a reused pid)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return (base + "\0").encode() in f.read()
+    except OSError:
+        return False
+
+
+class AdoptedProcess:
+    """A container process started by an earlier kubelet, whose shim outlived it. It is not
+    this process's child: its end is read from the shim's status file."""
+
+    def __init__(self, pid, base):
+        self.pid, self.base = pid, base
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            status = read_shim_exit(self.base)
+            if status is None and not shim_alive(self.pid, self.base):
+                # Gone: read again (it may have written the file and exited meanwhile),
+                # else it was killed with its shim (SIGKILL to the group).
+                status = read_shim_exit(self.base) or (-signal.SIGKILL, None)
+            if status is not None:
+                self.returncode = status[0]
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("adopted pid %d" % self.pid, timeout)
+            time.sleep(0.05)
+        return self.returncode
 
 
 class Container:
@@ -45,6 +103,8 @@ class Container:
         # terminationMessagePath on the host (process mode): emptied at each start, read
         # into the terminated state's message as the real kubelet does.
         self.term_path = log_path[:-len(".log")] + ".termination-log" if log_path.endswith(".log") else None
+        # The shim's status files (process mode): <base>.pid, <base>.exit.
+        self.shim_base = log_path[:-len(".log")] + ".shim" if log_path.endswith(".log") else None
         # readinessProbe (httpGet or tcpSocket): its last result, when it is due next.
         self.probe = spec.get("readinessProbe") or {}
         self.probe_ok = not self.probe
@@ -52,6 +112,18 @@ class Container:
 
     def running(self):
         return self.proc is not None and self.proc.poll() is None
+
+    def workload_pid(self):
+        """The container's own process (not its shim's), for /standin/processes."""
+        if self.proc is None:
+            return None
+        if isinstance(self.proc, AdoptedProcess) or self.shim_base:
+            try:
+                with open(self.shim_base + ".pid") as f:
+                    return int(f.read())
+            except (OSError, ValueError, TypeError):
+                pass
+        return self.proc.pid
 
 
 class PodRuntime:
@@ -101,6 +173,7 @@ class Kubelet:
         self._register_nodes()
         self.proxy.sync()
         for pod in self.store.list(self.pods_rt)[0]:
+            self._adopt(pod)
             self.events.put(("/pods", "ADDED", pod))
         threading.Thread(target=self._loop, name="kubelet", daemon=True).start()
 
@@ -283,9 +356,13 @@ class Kubelet:
 
     def _allocate_ip(self):
         with self.lock:
-            self.next_ip += 1
-            n = self.next_ip
-        return "127.%d.%d.%d" % (self.ip_octet, 1 + n // 254, 1 + n % 254)
+            used = {rp.ip for rp in self.runtimes.values()}   # adopted pods keep theirs
+            while True:
+                self.next_ip += 1
+                n = self.next_ip
+                ip = "127.%d.%d.%d" % (self.ip_octet, 1 + n // 254, 1 + n % 254)
+                if ip not in used:
+                    return ip
 
     def _start(self, pod):
         md = pod["metadata"]
@@ -311,8 +388,44 @@ class Kubelet:
                 hostport.rsplit(":", 1)
         return env
 
-    def _run_pod(self, rp, pod):
-        """The pod worker: init containers in order, then the containers."""
+    def _adopt(self, pod):
+        """A pod this node ran before the stand-in crashed: adopts the containers it had
+        running, so they are not started again, and an end while it was down is reported
+        (with the shim's code, or as killed when the shim died too). A pod whose containers
+        the kubelet stopped (SIGTERM) starts anew."""
+        md, st = pod["metadata"], pod.get("status") or {}
+        if self.images is not None or (pod.get("spec") or {}).get("nodeName") not in self.node_names \
+                or st.get("phase") != "Running" or not st.get("podIP"):
+            return
+        pod_dir = os.path.join(self.workdir, "pods", "%s_%s_%s" % (md["namespace"], md["name"], md["uid"]))
+        statuses = {c.get("name"): c for c in st.get("containerStatuses") or []}
+        rp = PodRuntime(pod, st["podIP"], pod_dir)
+        rp.started = st.get("startTime") or rp.started
+        adopted = 0
+        for spec in pod["spec"].get("containers") or []:
+            c = Container(spec, os.path.join(pod_dir, spec["name"] + ".log"))
+            cs = statuses.get(spec["name"]) or {}
+            c.restarts = cs.get("restartCount", 0)
+            c.state, c.last_state = cs.get("state") or c.state, cs.get("lastState") or {}
+            cid = cs.get("containerID") or ""
+            if "terminated" in c.state:
+                c.done = True
+            elif cid.startswith("standin://") and "running" in c.state:
+                # Running, or ended meanwhile: either way its end is reported as it was.
+                c.proc = AdoptedProcess(int(cid[10:]), c.shim_base)
+                adopted += 1
+            rp.containers.append(c)
+        if not adopted:
+            return
+        with self.lock:
+            self.runtimes[rp.uid] = rp
+        print("kubelet: adopted %d running container(s) of %s/%s" % (adopted, rp.ns, rp.name), flush=True)
+        threading.Thread(target=self._run_pod, args=(rp, pod, True), name="pod-" + rp.name,
+                         daemon=True).start()
+
+    def _run_pod(self, rp, pod, adopted=False):
+        """The pod worker: init containers in order, then the containers. An adopted pod's
+        init containers are done and its running containers keep running."""
         lookup = podenv.Lookup(self.store, self.registry, rp.ns)
         pod = copy.deepcopy(pod)
         pod.setdefault("status", {})["podIP"] = rp.ip
@@ -329,7 +442,7 @@ class Kubelet:
                 if "emptyDir" in vol and vol.get("name") in volumes:
                     os.chmod(volumes[vol["name"]], 0o777)
         policy = pod["spec"].get("restartPolicy", "Always")
-        for spec in pod["spec"].get("initContainers") or []:
+        for spec in [] if adopted else pod["spec"].get("initContainers") or []:
             c = Container(spec, os.path.join(rp.dir, "init-" + spec["name"] + ".log"))
             rp.init = c
             code = self._launch(rp, pod, c, lookup, volumes)
@@ -341,7 +454,8 @@ class Kubelet:
                 self._finish(rp, "Failed")
                 return
         for c in rp.containers:
-            self._launch(rp, pod, c, lookup, volumes)
+            if c.proc is None and not c.done:
+                self._launch(rp, pod, c, lookup, volumes)
         self._publish(rp)
         while not rp.stopping and not self.stopped.is_set():
             changed = False
@@ -395,14 +509,20 @@ class Kubelet:
         cwd = podenv.translate(cwd, mounts) if cwd else rp.dir
         if not os.path.isdir(cwd):
             cwd = rp.dir
+        for suffix in (".pid", ".exit"):
+            try:
+                os.unlink(c.shim_base + suffix)
+            except OSError:
+                pass
         log = open(c.log_path, "ab")
         try:
-            c.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log,
+            c.proc = subprocess.Popen([sys.executable, "-I", "-S", SHIM, c.shim_base, "--"] + argv,
+                                      env=env, cwd=cwd, stdout=log,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True)
         except OSError as e:
             log.close()
-            return self._start_error(c, "exec: %s: %s" % (argv[0], e.strerror))
+            return self._start_error(c, "shim: %s" % e.strerror)
         log.close()
         c.state = {"running": {"startedAt": now_iso()}}
         return None
@@ -547,6 +667,10 @@ class Kubelet:
 
     def _exited(self, c, policy):
         code = c.proc.returncode
+        shim = read_shim_exit(c.shim_base) if c.shim_base and self.images is None else None
+        if shim and shim[1]:
+            c.proc = None
+            return self._start_error(c, shim[1])
         started = c.state.get("running", {}).get("startedAt", now_iso())
         term = {"exitCode": code if code >= 0 else 128 - code,
                 "reason": "Completed" if code == 0 else "Error",
@@ -704,7 +828,7 @@ class Kubelet:
         with self.lock:
             return {"%s/%s" % (rp.ns, rp.name): {
                 "ip": rp.ip, "phase": rp.phase,
-                "containers": {c.name: c.proc.pid if c.running() else None
+                "containers": {c.name: c.workload_pid() if c.running() else None
                                for c in rp.containers}} for rp in self.runtimes.values()}
 
     def log_path(self, pod, cname):

@@ -2,11 +2,14 @@
 graceful deletion, env resolution, scheduling and pod DNS names."""
 import json
 import os
+import shutil
+import signal
 import socket
+import tempfile
 import time
 import unittest
 
-from standin_fixture import FIXTURES, StandInCase
+from standin_fixture import FIXTURES, StandIn, StandInCase
 
 PODS = "/api/v1/namespaces/default/pods"
 
@@ -213,6 +216,75 @@ class KubeletTest(StandInCase):
         self.assertIsNone(who())
         self.s.api("POST", "/standin/kill?namespace=default&pod=web-b&signal=CONT")
         self.kubectl("delete", "pod", "web-a", "web-b", "--grace-period=1")
+
+
+class KubeletCrashTest(unittest.TestCase):
+    """A stand-in that crashes (SIGKILL) and starts again on the same state and kubelet
+    directory adopts the processes of its running pods, as containers survive a restart
+    of a real API server or kubelet: nothing is started twice, and the ends of processes
+    that exit after the restart (or while it was down) are reported with their codes."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="standin-crash-")
+        self.s = StandIn("--kubelet", "--kubelet-workdir", os.path.join(self.tmp, "kubelet"),
+                         state=os.path.join(self.tmp, "state.json"), tmp=self.tmp)
+
+    def tearDown(self):
+        self.s.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def status(self, name):
+        code, obj = self.s.api("GET", PODS + "/" + name)
+        return obj["status"] if code == 200 else {}
+
+    def test_running_pods_are_adopted_not_restarted(self):
+        release = os.path.join(self.tmp, "release")
+        # "waiter" exits 3 once `release` exists; "early" exits 4 while the stand-in is down.
+        script = 'echo started; while [ ! -e %s ]; do sleep 0.05; done; exit 3' % release
+        self.s.kubectl("apply", "-f", "-", input=pod("waiter", script))
+        self.s.kubectl("apply", "-f", "-", input=pod("early", 'echo started; while [ ! -e %s.early ]; do '
+                                                              'sleep 0.05; done; exit 4' % release))
+        for name in ("waiter", "early"):
+            self.s.wait_for(lambda: self.status(name).get("phase") == "Running", what=name + " Running")
+        before = {n: self.status(n) for n in ("waiter", "early")}
+        pids = self.s.api("GET", "/standin/processes")[1]
+        self.crash_and_restart_with(lambda: open(release + ".early", "w").close())
+        # Adopted: the same container (same shim pid, same IP, no restart), running still.
+        after = self.status("waiter")
+        self.assertEqual(after["phase"], "Running")
+        self.assertEqual(after["podIP"], before["waiter"]["podIP"])
+        cs = after["containerStatuses"][0]
+        self.assertEqual((cs["containerID"], cs["restartCount"]),
+                         (before["waiter"]["containerStatuses"][0]["containerID"], 0))
+        self.assertEqual(self.s.api("GET", "/standin/processes")[1]["default/waiter"],
+                         pids["default/waiter"])
+        # The one that ended while the stand-in was down is reported with its code.
+        self.s.wait_for(lambda: self.status("early").get("phase") == "Failed", what="early Failed")
+        self.assertEqual(self.status("early")["containerStatuses"][0]["state"]["terminated"]["exitCode"], 4)
+        # The adopted process's end reaches the API with its exit code.
+        open(release, "w").close()
+        self.s.wait_for(lambda: self.status("waiter").get("phase") == "Failed", what="waiter Failed")
+        term = self.status("waiter")["containerStatuses"][0]["state"]["terminated"]
+        self.assertEqual((term["exitCode"], term["reason"]), (3, "Error"))
+        self.assertEqual(self.s.kubectl("logs", "waiter").stdout, "started\n")  # started once
+
+    def crash_and_restart_with(self, while_down):
+        self.s.proc.send_signal(signal.SIGKILL)
+        self.s.proc.wait()
+        self.s.log.close()
+        while_down()
+        time.sleep(0.5)
+        self.s.start()
+
+    def test_a_process_killed_while_down_is_reported_killed(self):
+        self.s.kubectl("apply", "-f", "-", input=pod("victim", "sleep 600"))
+        self.s.wait_for(lambda: self.status("victim").get("phase") == "Running", what="Running")
+        pid = self.s.api("GET", "/standin/processes")[1]["default/victim"]["containers"]["main"]
+        cid = self.status("victim")["containerStatuses"][0]["containerID"]
+        self.crash_and_restart_with(lambda: os.killpg(int(cid[len("standin://"):]), signal.SIGKILL))
+        self.s.wait_for(lambda: self.status("victim").get("phase") == "Failed", what="victim Failed")
+        self.assertEqual(self.status("victim")["containerStatuses"][0]["state"]["terminated"]["exitCode"], 137)
+        self.assertFalse(os.path.exists("/proc/%d" % pid) and open("/proc/%d/stat" % pid).read().split()[2] != "Z")
 
 
 def _resolve(name):

@@ -402,23 +402,32 @@ class Faults(unittest.TestCase):
         and stopped (143) and the gang restarted, charged to backoffLimit. Paced (rank 0
         sleeps 0.2 s a step; the others wait at each sync) so that the two exchanges happen
         well before the end, however fast the runtime is."""
-        self.start(debug={"injectStepDelay": {"rank": 0, "seconds": 0.2}})
+        self.delete_pod_in_place(2, slow_rank=0)
+
+    def test_delete_rank0(self):
+        """`kubectl delete pod` of rank 0, the host of the rendezvous store: it leaves like
+        any other rank (exit 76), its replacement hosts a fresh store under the same name,
+        and the survivors reconnect to it: replaced in place, no gang restart."""
+        self.delete_pod_in_place(0, slow_rank=1)
+
+    def delete_pod_in_place(self, rank, slow_rank):
+        self.start(debug={"injectStepDelay": {"rank": slow_rank, "seconds": 0.2}})
         self.wait_checkpoint(16)
         self.wait_step(20)
         self.clock = RecoveryClock(self.c.tmp, self.ns, self.name)
-        self.killed = [2]
-        self.c.kubectl("delete", "pod", "-n", self.ns, self.pod(2), "--wait=false")
-        self.finish(expect_recovered=[2])
+        self.killed = [rank]
+        self.c.kubectl("delete", "pod", "-n", self.ns, self.pod(rank), "--wait=false")
+        self.finish(expect_recovered=[rank])
         self.assertEqual(self.restarted_metric(), 0)
         log = ""
-        for f in self.c.pod_logs(self.ns, self.pod(2)):  # the deleted pod's and its replacement's
+        for f in self.c.pod_logs(self.ns, self.pod(rank)):  # the deleted pod's and its replacement's
             with open(f, errors="replace") as fh:
                 log += fh.read()
         self.assertIn("left the job: SIGTERM reached 1 of 4 workers", log)
-        for rank, ss in self.c.summaries(self.ns, self.name).items():
+        for r, ss in self.c.summaries(self.ns, self.name).items():
             for x in ss:
-                self.assertFalse(x["stopped"], "rank %d stopped: the gang was not meant to stop" % rank)
-                self.assertEqual(x["resumed_from"], -1, "rank %d read a checkpoint" % rank)
+                self.assertFalse(x["stopped"], "rank %d stopped: the gang was not meant to stop" % r)
+                self.assertEqual(x["resumed_from"], -1, "rank %d read a checkpoint" % r)
 
     def test_kill_operator(self):
         """SIGKILL the operator mid-run, start a new one: it adopts the running gang (no
@@ -463,6 +472,26 @@ class Faults(unittest.TestCase):
         self.assertRegex(log, r"watch history expired \(410 Gone\), re-listing|watch broke, re-listing",
                          "the operator did not re-list after the restart")
         print("stand-in state before/after restart:", rv_before, rv_after)
+
+    def test_crash_standin(self):
+        """SIGKILL the API stand-in with its kubelet mid-run and start it again: the workers
+        never notice (containers outlive a restart of a real API server or kubelet), the
+        new kubelet adopts their processes, the operator re-lists, and the job succeeds
+        with the same pods, no restart and no checkpoint read."""
+        self.start()
+        pods0 = {p["metadata"]["uid"] for p in self.c.running_pods(self.ns, self.name, WORLD)}
+        self.wait_checkpoint(16)
+        self.wait_step(20)
+        self.c.stop_standin(signal.SIGKILL)
+        time.sleep(1)
+        self.c.start_standin()
+        self.finish(expect_restarts=0)  # also: no rank replaced in place
+        self.assertEqual(set(self.tracker.uids), pods0, "a pod was created again")
+        for r, ss in self.c.summaries(self.ns, self.name).items():
+            self.assertEqual(len(ss), 1, "rank %d ran more than once" % r)
+            self.assertEqual(ss[0]["resumed_from"], -1, "rank %d read a checkpoint" % r)
+        self.assertIn("adopted 1 running container(s) of %s/%s" % (self.ns, self.pod(0)),
+                      open(self.c.standin_logs[-1]).read())
 
     def test_sigterm_pods(self):
         """SIGTERM every worker: they checkpoint at the next sync point (well within the

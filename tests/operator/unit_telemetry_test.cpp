@@ -100,6 +100,23 @@ TEST(Hang, NoProgressForTimeout) {
   EXPECT_FALSE(t.hung(1000, 0));  // 0 disables
 }
 
+TEST(Hang, AStepAfterARollbackIsProgress) {
+  // An in-place recovery: the ranks reached step 190, one hung, the others waited
+  // (heartbeats), and after the replacement joined all went back to step 174. Their first
+  // step after that (175) is progress although it is below 190; before, the job was
+  // declared hung right after recovering and the gang restarted.
+  JobTelemetry t;
+  t.add(rep(0, 190, 0.2), 100);
+  Report hb = rep(0, 190, 0.2);
+  hb.heartbeat = true;
+  t.add(hb, 108);
+  EXPECT_TRUE(t.hung(111, 10));
+  t.add(rep(0, 175, 0.2), 111);
+  EXPECT_FALSE(t.hung(111.1, 10));
+  EXPECT_FALSE(t.hung(120, 10));
+  EXPECT_TRUE(t.hung(121.5, 10));
+}
+
 TEST(Hang, HeartbeatsShowLifeButNeitherProgressNorStepTimes) {
   JobTelemetry t({1.5, 5, 1});
   t.add(rep(0, 4, 0.1), 100);

@@ -25,7 +25,10 @@ bool constantTimeEquals(const std::string& a, const std::string& b) {
 
 void JobTelemetry::add(const Report& r, double now) {
   auto& st = ranks_[r.rank];
-  bool advanced = r.step > st.last.step || st.lastSeen == 0;
+  // A step done is progress, forward or not: after an in-place recovery every rank rolls
+  // back to the last sync round and its first steps are below the steps it reported
+  // before the failure. A heartbeat repeats the last step.
+  bool advanced = (!r.heartbeat && r.step != st.last.step) || st.lastSeen == 0;
   // A new worker process (restart) starts its counters again: drop its old window.
   if (r.step < st.last.step) st.stepTimes.clear();
   st.last = r;

@@ -477,6 +477,8 @@ def analyse(job, base):
             f["outcome"] = "processes restarted in their pods, resumed from a checkpoint"
         else:
             f["outcome"] = "no interruption"
+            if after:  # no pause to end: training went on, and its next step is the answer
+                f["next_kept_step_seconds"] = round(after[0] - lo, 1)
         # edit-train's last words when it exits 75 (the trainer's own "peer lost: ...;
         # recovering in place" / "...; exiting for a gang restart" lines come before).
         f["exits_75"] = sum(1 for l in text if ("peer lost:" in l and "recovering in place" not in l
@@ -599,7 +601,7 @@ def write_report(out, a, results):
           "**(training loop)**: the same from each run's first to its last logged step (pod start-up left out).",
           "- **fault -> training again**: from the fault to the kept step that ends the longest pause between two "
           "kept steps after it (a worker that gets SIGTERM trains until the next control exchange, and those steps "
-          "count). **longest pause**: that pause. Both are read from time stamps taken every 0.25 s while tailing "
+          "count); after a fault that interrupted nothing, to the next kept step. **longest pause**: that pause. Both are read from time stamps taken every 0.25 s while tailing "
           "the worker logs.",
           "- **outcome**: from the job's status counters and the worker logs between this fault and the next: "
           "`in place` (replicaRecoveries rose, or a worker logged `recovered in place`), `gang restart` (restarts "

@@ -1,10 +1,65 @@
 #include "dist/rendezvous.h"
 
+#include <torch/version.h>
+
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 namespace edit {
 namespace {
+
+#if TORCH_VERSION_MAJOR < 2
+// A store whose connection can be closed while process groups still hold it: they used
+// it to connect and do not touch it again (a call after close() throws, as a lost
+// connection would).
+class ClosableStore : public c10d::Store {
+ public:
+  explicit ClosableStore(c10::intrusive_ptr<c10d::Store> inner)
+      : c10d::Store(inner->getTimeout()), inner_(std::move(inner)) {}
+  void close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    inner_.reset();  // the TCPStore client and its watch thread end here
+  }
+  bool closed() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !inner_;
+  }
+  void set(const std::string& k, const std::vector<uint8_t>& v) override { get_()->set(k, v); }
+  std::vector<uint8_t> compareSet(const std::string& k, const std::vector<uint8_t>& cur,
+                                  const std::vector<uint8_t>& v) override {
+    return get_()->compareSet(k, cur, v);
+  }
+  std::vector<uint8_t> get(const std::string& k) override { return get_()->get(k); }
+  int64_t add(const std::string& k, int64_t v) override { return get_()->add(k, v); }
+  bool deleteKey(const std::string& k) override { return get_()->deleteKey(k); }
+  bool check(const std::vector<std::string>& keys) override { return get_()->check(keys); }
+  int64_t getNumKeys() override { return get_()->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override { get_()->wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    get_()->wait(keys, t);
+  }
+  void setTimeout(const std::chrono::milliseconds& t) override {
+    c10d::Store::setTimeout(t);
+    get_()->setTimeout(t);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> get_() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!inner_) throw std::runtime_error("the store connection was closed (rank 0 hosts the store)");
+    return inner_;
+  }
+  mutable std::mutex mu_;
+  c10::intrusive_ptr<c10d::Store> inner_;
+};
+
+c10::intrusive_ptr<c10d::Store> wrap(c10::intrusive_ptr<c10d::Store> s) {
+  return c10::make_intrusive<ClosableStore>(std::move(s));
+}
+#else
+c10::intrusive_ptr<c10d::Store> wrap(c10::intrusive_ptr<c10d::Store> s) { return s; }
+#endif
 
 std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
@@ -19,7 +74,7 @@ int64_t parse(const std::vector<uint8_t>& v) {
 
 }  // namespace
 
-Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(spec)) {
+Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(wrap(connectStore(spec))) {
   if (spec.rank != 0) return;
   if (!spec.join) {
     store_->set(key("generation"), bytes("0"));
@@ -29,6 +84,30 @@ Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(
     // survivors reconnect to it (same address) and meet here.
     store_->set(key("generation"), bytes("1"));
   }
+}
+
+void Rendezvous::closeClient() {
+#if TORCH_VERSION_MAJOR < 2
+  if (spec_.rank != 0) static_cast<ClosableStore*>(store_.get())->close();
+#endif
+}
+
+bool Rendezvous::closed() const {
+#if TORCH_VERSION_MAJOR < 2
+  return static_cast<ClosableStore*>(store_.get())->closed();
+#else
+  return false;
+#endif
+}
+
+c10::intrusive_ptr<c10d::Store> Rendezvous::openClient(double timeoutSeconds) const {
+  MeshSpec client = spec_;
+  client.join = true;  // never host: only rank 0's replacement does
+  client.rank = std::max(1, spec_.rank);
+  client.timeoutSeconds = timeoutSeconds;
+  auto store = connectStore(client);
+  store->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(spec_.timeoutSeconds * 1000)));
+  return wrap(store);
 }
 
 std::string Rendezvous::prefix() const {
@@ -59,6 +138,8 @@ void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) 
   const double deadline = nowSeconds() + timeoutSeconds;
   const std::string cur = std::to_string(generation_), next = std::to_string(generation_ + 1);
   try {
+    // A short attempt: when rank 0 is gone, the loop below waits for its replacement.
+    if (closed()) store_ = openClient(1);
     // Whoever comes first moves the counter; the rest read the value it moved to.
     const int64_t gen = parse(store_->compareSet(key("generation"), bytes(cur), bytes(next)));
     arrive(gen, deadline, cancel);
@@ -75,18 +156,13 @@ void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) 
 }
 
 void Rendezvous::reconnect(double deadline, const std::atomic<bool>& cancel) {
-  MeshSpec client = spec_;
-  client.join = true;  // never host: only rank 0's replacement does
-  client.rank = std::max(1, spec_.rank);
   // Short attempts: until the replacement listens (and its name resolves) each one fails,
   // and a long one would make every survivor wait out its end after the store is back.
-  client.timeoutSeconds = 1;
   std::string last;
   while (nowSeconds() < deadline) {
     checkCancel(cancel);
     try {
-      store_ = connectStore(client);
-      store_->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(spec_.timeoutSeconds * 1000)));
+      store_ = openClient(1);
       return;
     } catch (const std::exception& e) {
       last = e.what();
@@ -98,7 +174,9 @@ void Rendezvous::reconnect(double deadline, const std::atomic<bool>& cancel) {
 }
 
 void Rendezvous::join(double timeoutSeconds, const std::atomic<bool>& cancel) {
-  waitForOpenGeneration(nowSeconds() + timeoutSeconds, cancel);
+  const double deadline = nowSeconds() + timeoutSeconds;
+  if (closed()) reconnect(deadline, cancel);  // a replacement's second attempt
+  waitForOpenGeneration(deadline, cancel);
 }
 
 void Rendezvous::waitForOpenGeneration(double deadline, const std::atomic<bool>& cancel) {

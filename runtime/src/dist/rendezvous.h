@@ -7,6 +7,11 @@
 // WORLD_SIZE ranks arrived; then each builds its process groups under the generation's
 // prefix. Rank 0 hosts the store: when rank 0 dies, its replacement hosts a fresh store at
 // the same address with generation 1 open, and the survivors reconnect to it.
+//
+// With LibTorch 1.x the other ranks hold no connection to the store while they train
+// (closeClient): its TCPStore client runs a thread that aborts the process (an uncaught
+// std::system_error, exit 134) when its connection is reset, as when rank 0 leaves or
+// dies, and spins on one that was closed. They connect again at the next recovery.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -25,6 +30,10 @@ class Rendezvous {
   explicit Rendezvous(const MeshSpec& spec);
 
   c10::intrusive_ptr<c10d::Store> store() const { return store_; }
+  // Once the generation's process groups are formed (Gloo uses the store only to
+  // connect): closes this rank's connection to the store, unless it hosts the store or
+  // LibTorch is 2.x (see above). The next rejoin connects again.
+  void closeClient();
   int64_t generation() const { return generation_; }
   // Store prefix of the process groups of the current generation.
   std::string prefix() const;
@@ -43,6 +52,9 @@ class Rendezvous {
   void waitForOpenGeneration(double deadline, const std::atomic<bool>& cancel);
   // A new client connection to MASTER_ADDR:MASTER_PORT (after rank 0's store died).
   void reconnect(double deadline, const std::atomic<bool>& cancel);
+  // One attempt at a client connection (never hosts).
+  c10::intrusive_ptr<c10d::Store> openClient(double timeoutSeconds) const;
+  bool closed() const;
   static void checkCancel(const std::atomic<bool>& cancel);
 
   MeshSpec spec_;

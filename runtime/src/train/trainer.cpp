@@ -65,6 +65,7 @@ void Trainer::setup() {
     rendezvous_->join(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
   }
   comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
+  rendezvous_->closeClient();  // the groups are formed (dist/rendezvous.h)
   stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
   units_ = buildUnits(shape_, comm_->shards(), comm_->shard(), cfg_.training.seed, device_);
   prefetchDepth_ = cfg_.algorithm.prefetch ? 1 : 0;

@@ -117,7 +117,7 @@ class Container:
         """The container's own process (not its shim's), for /standin/processes."""
         if self.proc is None:
             return None
-        if isinstance(self.proc, AdoptedProcess) or self.shim_base:
+        if self.shim_base:  # written by the shim (process mode), absent in image mode
             try:
                 with open(self.shim_base + ".pid") as f:
                     return int(f.read())

@@ -138,8 +138,16 @@ void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) 
   const double deadline = nowSeconds() + timeoutSeconds;
   const std::string cur = std::to_string(generation_), next = std::to_string(generation_ + 1);
   try {
-    // A short attempt: when rank 0 is gone, the loop below waits for its replacement.
-    if (closed()) store_ = openClient(1);
+    if (closed()) {
+      // A short attempt: when rank 0 is gone, the loop below waits for its replacement.
+      store_ = openClient(1);
+      // Rank 0's replacement hosts a fresh store and opens generation 1 just after it
+      // starts listening: meet it there (compareSet on the missing key would not).
+      if (!store_->check({key("generation")})) {
+        waitForOpenGeneration(deadline, cancel);
+        return;
+      }
+    }
     // Whoever comes first moves the counter; the rest read the value it moved to.
     const int64_t gen = parse(store_->compareSet(key("generation"), bytes(cur), bytes(next)));
     arrive(gen, deadline, cancel);

@@ -23,6 +23,7 @@ import errors
 import images as imagesmod
 import podenv
 import scheduler
+from shim import AdoptedProcess, read_exit as read_shim_exit, read_pid as read_shim_pid
 import urllib.request
 from proxy import ServiceProxy
 from hostsfile import HostsFile
@@ -36,58 +37,6 @@ BACKOFF_START, BACKOFF_MAX = 1.0, 10.0     # the real kubelet: 10 s doubling to 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # probes go to the pod
 CHROOT_EXEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chroot_exec.py")
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim.py")
-
-
-def read_shim_exit(base):
-    """The shim's record of how its process ended: a Popen-style returncode (negative: the
-    signal) and a start error message, or None while it runs."""
-    try:
-        with open(base + ".exit") as f:
-            kind, _, value = f.read().partition(" ")
-    except OSError:
-        return None
-    if kind == "signal":
-        return -int(value), None
-    if kind == "start-error":
-        return 128, value
-    return int(value), None
-
-
-def shim_alive(pid, base):
-    """The shim `pid` still runs (and is the shim of `base`, not a reused pid)."""
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return (base + "\0").encode() in f.read()
-    except OSError:
-        return False
-
-
-class AdoptedProcess:
-    """A container process started by an earlier kubelet, whose shim outlived it. It is not
-    this process's child: its end is read from the shim's status file."""
-
-    def __init__(self, pid, base):
-        self.pid, self.base = pid, base
-        self.returncode = None
-
-    def poll(self):
-        if self.returncode is None:
-            status = read_shim_exit(self.base)
-            if status is None and not shim_alive(self.pid, self.base):
-                # Gone: read again (it may have written the file and exited meanwhile),
-                # else it was killed with its shim (SIGKILL to the group).
-                status = read_shim_exit(self.base) or (-signal.SIGKILL, None)
-            if status is not None:
-                self.returncode = status[0]
-        return self.returncode
-
-    def wait(self, timeout=None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired("adopted pid %d" % self.pid, timeout)
-            time.sleep(0.05)
-        return self.returncode
 
 
 class Container:
@@ -117,13 +66,8 @@ class Container:
         """The container's own process (not its shim's), for /standin/processes."""
         if self.proc is None:
             return None
-        if self.shim_base:  # written by the shim (process mode), absent in image mode
-            try:
-                with open(self.shim_base + ".pid") as f:
-                    return int(f.read())
-            except (OSError, ValueError, TypeError):
-                pass
-        return self.proc.pid
+        pid = read_shim_pid(self.shim_base) if self.shim_base else None  # none in image mode
+        return pid or self.proc.pid
 
 
 class PodRuntime:

@@ -414,7 +414,8 @@ class Faults(unittest.TestCase):
         """Deletes the pod of `rank`; it must be replaced in place. With rank 0, a survivor
         that reconnects to the store while rank 0 exits can abort in LibTorch 1.13's store
         client (docs/replica-recovery.md): it is then replaced in place as well, and only
-        then, never restarting the gang."""
+        then (when it was rank 0's shard peer the gang restarts and this fails: the case is
+        not registered in ctest until that is fixed)."""
         self.start(debug={"injectStepDelay": {"rank": slow_rank, "seconds": 0.2}})
         self.wait_checkpoint(16)
         self.wait_step(20)

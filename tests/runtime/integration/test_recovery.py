@@ -195,12 +195,8 @@ class Recovery(unittest.TestCase):
                 self.assertLess(time.monotonic(), deadline, "worker never reached step %d" % at_step)
                 self.assertIsNone(p.poll(), "edit-run ended early")
                 time.sleep(0.05)
-                try:
-                    with open(os.path.join(logs, f"rank-{rank}.log")) as f:
-                        rows = [json.loads(l[6:]) for l in f if l.startswith("@edit ")]
-                except (OSError, ValueError):
-                    continue
-                if rows and rows[-1]["step"] >= at_step:
+                steps = logged_steps(logs, rank)
+                if steps and steps[-1] >= at_step:
                     pid = worker_pid(p.pid, rank)
             os.kill(pid, signal.SIGTERM)
             out, err = p.communicate(timeout=300)
@@ -262,14 +258,7 @@ class StoreConnections(unittest.TestCase):
                 self.assertLess(time.monotonic(), deadline, "the workers never got past the warm-up")
                 self.assertIsNone(p.poll(), "edit-run ended early")
                 time.sleep(0.1)
-                steps = []
-                for r in range(4):
-                    try:
-                        with open(os.path.join(logs, f"rank-{r}.log")) as f:
-                            steps.append(max([json.loads(l[6:])["step"] for l in f if l.startswith("@edit ")] or [0]))
-                    except (OSError, ValueError):
-                        steps.append(0)
-                if min(steps) > WARMUP + SYNC:
+                if min(max(logged_steps(logs, r) or [0]) for r in range(4)) > WARMUP + SYNC:
                     break
             pids = [worker_pid(p.pid, r) for r in range(4)]
             if "libtorch_cpu.so.1." not in read_file(f"/proc/{pids[0]}/maps"):
@@ -283,6 +272,15 @@ class StoreConnections(unittest.TestCase):
         self.assertGreater(held[0], 0, "rank 0 hosts the store and its own client")
         for r in (1, 2, 3):
             self.assertEqual(held[r], 0, f"rank {r} keeps {held[r]} connection(s) to the store: {held}")
+
+
+def logged_steps(logs, rank):
+    """The steps rank `rank` logged so far (empty while its log is missing or half written)."""
+    try:
+        with open(os.path.join(logs, f"rank-{rank}.log")) as f:
+            return [json.loads(l[6:])["step"] for l in f if l.startswith("@edit ")]
+    except (OSError, ValueError):
+        return []
 
 
 def store_connections(pid, port):

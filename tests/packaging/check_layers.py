@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The runtime's layers, as runtime/README.md draws them:
 
-- the folders that build the LibTorch-free libraries (data/, telemetry/ and
-  train/recovery_plan.*) never include LibTorch, directly or through a project header;
+- the folders that build the LibTorch-free libraries (data/, telemetry/,
+  train/recovery_plan.* and dist/kv_store.*) never include LibTorch, directly or through a project header;
 - every source file under runtime/src is named in runtime/README.md's map (its folder
   row), so the map cannot drift from the tree.
 """
@@ -50,6 +50,7 @@ def main():
         d = os.path.join(SRC, folder)
         torch_free += [os.path.join(d, f) for f in sorted(os.listdir(d))]
     torch_free += [os.path.join(SRC, "train", f) for f in ("recovery_plan.h", "recovery_plan.cpp")]
+    torch_free += [os.path.join(SRC, "dist", f) for f in ("kv_store.h", "kv_store.cpp")]
     for f in torch_free:
         chain = torch_chain(f)
         if chain:

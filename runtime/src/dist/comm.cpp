@@ -1,8 +1,8 @@
 #include "dist/comm.h"
+#include "dist/job_store.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <dlfcn.h>
 
@@ -92,13 +92,10 @@ const char* groupName(Group g) {
 }
 
 c10::intrusive_ptr<c10d::Store> connectStore(const MeshSpec& spec) {
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<uint16_t>(spec.masterPort);
-  opts.isServer = spec.rank == 0;  // also rank 0's replacement: the old store died with it
-  opts.numWorkers = spec.world;
-  opts.waitWorkers = false;
-  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeoutSeconds * 1000));
-  return c10::make_intrusive<c10d::TCPStore>(spec.masterAddr, opts);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeoutSeconds * 1000));
+  // Rank 0 hosts, and so does rank 0's replacement: the old store died with it.
+  if (spec.rank == 0) return JobStore::host(spec.masterPort, timeout);
+  return JobStore::connect(spec.masterAddr, spec.masterPort, timeout, timeout);
 }
 
 Comm::Comm(const MeshSpec& spec) : spec_(spec) { build(connectStore(spec), spec.storePrefix); }

@@ -56,9 +56,9 @@ struct PeerLost : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The c10d TCPStore of a job, hosted by rank 0 and connected to by everyone else. It
-// outlives process groups: after a peer is lost, the survivors and its replacement meet
-// here again under a new recovery generation.
+// The job's store (dist/job_store.h), hosted by rank 0 and connected to by everyone else.
+// It outlives process groups: after a peer is lost, the survivors and its replacement
+// meet here again under a new recovery generation.
 c10::intrusive_ptr<c10d::Store> connectStore(const MeshSpec& spec);
 
 class Comm {

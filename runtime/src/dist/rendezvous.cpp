@@ -1,65 +1,12 @@
 #include "dist/rendezvous.h"
 
-#include <torch/version.h>
-
 #include <chrono>
-#include <mutex>
 #include <thread>
+
+#include "dist/job_store.h"
 
 namespace edit {
 namespace {
-
-#if TORCH_VERSION_MAJOR < 2
-// A store whose connection can be closed while process groups still hold it: they used
-// it to connect and do not touch it again (a call after close() throws, as a lost
-// connection would).
-class ClosableStore : public c10d::Store {
- public:
-  explicit ClosableStore(c10::intrusive_ptr<c10d::Store> inner)
-      : c10d::Store(inner->getTimeout()), inner_(std::move(inner)) {}
-  void close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    inner_.reset();  // the TCPStore client and its watch thread end here
-  }
-  bool closed() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return !inner_;
-  }
-  void set(const std::string& k, const std::vector<uint8_t>& v) override { get_()->set(k, v); }
-  std::vector<uint8_t> compareSet(const std::string& k, const std::vector<uint8_t>& cur,
-                                  const std::vector<uint8_t>& v) override {
-    return get_()->compareSet(k, cur, v);
-  }
-  std::vector<uint8_t> get(const std::string& k) override { return get_()->get(k); }
-  int64_t add(const std::string& k, int64_t v) override { return get_()->add(k, v); }
-  bool deleteKey(const std::string& k) override { return get_()->deleteKey(k); }
-  bool check(const std::vector<std::string>& keys) override { return get_()->check(keys); }
-  int64_t getNumKeys() override { return get_()->getNumKeys(); }
-  void wait(const std::vector<std::string>& keys) override { get_()->wait(keys); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
-    get_()->wait(keys, t);
-  }
-  void setTimeout(const std::chrono::milliseconds& t) override {
-    c10d::Store::setTimeout(t);
-    get_()->setTimeout(t);
-  }
-
- private:
-  c10::intrusive_ptr<c10d::Store> get_() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!inner_) throw std::runtime_error("the store connection was closed (rank 0 hosts the store)");
-    return inner_;
-  }
-  mutable std::mutex mu_;
-  c10::intrusive_ptr<c10d::Store> inner_;
-};
-
-c10::intrusive_ptr<c10d::Store> wrap(c10::intrusive_ptr<c10d::Store> s) {
-  return c10::make_intrusive<ClosableStore>(std::move(s));
-}
-#else
-c10::intrusive_ptr<c10d::Store> wrap(c10::intrusive_ptr<c10d::Store> s) { return s; }
-#endif
 
 std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
@@ -74,7 +21,7 @@ int64_t parse(const std::vector<uint8_t>& v) {
 
 }  // namespace
 
-Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(wrap(connectStore(spec))) {
+Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(spec)) {
   if (spec.rank != 0) return;
   if (!spec.join) {
     store_->set(key("generation"), bytes("0"));
@@ -86,19 +33,9 @@ Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(wrap(connectS
   }
 }
 
-void Rendezvous::closeClient() {
-#if TORCH_VERSION_MAJOR < 2
-  if (spec_.rank != 0) static_cast<ClosableStore*>(store_.get())->close();
-#endif
-}
+void Rendezvous::closeClient() { static_cast<JobStore*>(store_.get())->close(); }
 
-bool Rendezvous::closed() const {
-#if TORCH_VERSION_MAJOR < 2
-  return static_cast<ClosableStore*>(store_.get())->closed();
-#else
-  return false;
-#endif
-}
+bool Rendezvous::closed() const { return static_cast<JobStore*>(store_.get())->closed(); }
 
 c10::intrusive_ptr<c10d::Store> Rendezvous::openClient(double timeoutSeconds) const {
   MeshSpec client = spec_;
@@ -107,7 +44,7 @@ c10::intrusive_ptr<c10d::Store> Rendezvous::openClient(double timeoutSeconds) co
   client.timeoutSeconds = timeoutSeconds;
   auto store = connectStore(client);
   store->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(spec_.timeoutSeconds * 1000)));
-  return wrap(store);
+  return store;
 }
 
 std::string Rendezvous::prefix() const {

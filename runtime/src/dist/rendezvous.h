@@ -8,10 +8,10 @@
 // prefix. Rank 0 hosts the store: when rank 0 dies, its replacement hosts a fresh store at
 // the same address with generation 1 open, and the survivors reconnect to it.
 //
-// With LibTorch 1.x the other ranks hold no connection to the store while they train
-// (closeClient): its TCPStore client runs a thread that aborts the process (an uncaught
-// std::system_error, exit 134) when its connection is reset, as when rank 0 leaves or
-// dies, and spins on one that was closed. They connect again at the next recovery.
+// The store is our own (dist/kv_store.h): its client has no background thread, so rank 0
+// leaving or dying is an error of the next store call, never an abort. The other ranks
+// still close their connection while they train (closeClient), so rank 0 serves no idle
+// connections, and open a new one at the next recovery.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -31,8 +31,8 @@ class Rendezvous {
 
   c10::intrusive_ptr<c10d::Store> store() const { return store_; }
   // Once the generation's process groups are formed (Gloo uses the store only to
-  // connect): closes this rank's connection to the store, unless it hosts the store or
-  // LibTorch is 2.x (see above). The next rejoin connects again.
+  // connect): closes this rank's connection to the store, unless it hosts the store. The
+  // next rejoin connects again.
   void closeClient();
   int64_t generation() const { return generation_; }
   // Store prefix of the process groups of the current generation.

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "../free_port.h"
 #include "dist/kv_store.h"
 
 using edit::Bytes;
@@ -20,6 +21,7 @@ using edit::KvClient;
 using edit::KvError;
 using edit::KvOps;
 using edit::KvServer;
+using edit::test::freePort;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -30,19 +32,6 @@ std::string s(const Bytes& v) { return std::string(v.begin(), v.end()); }
 
 std::unique_ptr<KvClient> client(int port, std::chrono::milliseconds connect = 2s) {
   return std::make_unique<KvClient>("localhost", port, connect, 5s);
-}
-
-// A port nobody listens on (bound, read, released).
-int freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 double secondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }

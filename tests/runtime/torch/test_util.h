@@ -15,25 +15,13 @@
 #include <thread>
 #include <vector>
 
+#include "../free_port.h"
 #include "dist/comm.h"
 #include "dist/flat_units.h"
 #include "worker_config.h"
 #include "data/data.h"
 
 namespace edit::test {
-
-inline int freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int p = ntohs(a.sin_port);
-  ::close(fd);
-  return p;
-}
 
 inline MeshSpec meshFor(int rank, int M, int N, int port) {
   MeshSpec m;

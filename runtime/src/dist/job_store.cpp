@@ -4,7 +4,7 @@ namespace edit {
 
 c10::intrusive_ptr<JobStore> JobStore::host(int port, std::chrono::milliseconds timeout) {
   auto s = c10::make_intrusive<JobStore>(timeout);
-  s->server_ = std::make_unique<KvServer>(port, timeout);
+  s->server_ = std::make_shared<KvServer>(port, timeout);
   return s;
 }
 
@@ -13,8 +13,22 @@ c10::intrusive_ptr<JobStore> JobStore::connect(const std::string& host, int port
                                                std::chrono::milliseconds timeout) {
   auto s = c10::make_intrusive<JobStore>(timeout);
   s->client_ = std::make_unique<KvClient>(host, port, connectTimeout, timeout);
+  s->host_ = host;
+  s->port_ = port;
   return s;
 }
+
+#if TORCH_VERSION_MAJOR >= 2
+c10::intrusive_ptr<c10d::Store> JobStore::clone() {
+  if (server_) {
+    auto s = c10::make_intrusive<JobStore>(timeout_);
+    s->server_ = server_;
+    return s;
+  }
+  if (closed()) throw KvError("store: this rank closed its connection to the store (rank 0 hosts it)");
+  return connect(host_, port_, timeout_, timeout_);
+}
+#endif
 
 template <typename F>
 auto JobStore::with(F&& f) -> decltype(f(std::declval<KvOps&>())) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/version.h>
 
 #include <chrono>
 #include <memory>
@@ -43,6 +44,12 @@ class JobStore : public c10d::Store {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
   void setTimeout(const std::chrono::milliseconds& timeout) override;
+#if TORCH_VERSION_MAJOR >= 2
+  // Newer 2.x process groups ask for a handle of their own (another thread's): the host
+  // shares its server, a client opens a second connection to the same address. Not
+  // marked override: 2.x releases before Store::clone() do not declare it.
+  c10::intrusive_ptr<c10d::Store> clone();
+#endif
 
   explicit JobStore(std::chrono::milliseconds timeout) : c10d::Store(timeout) {}
 
@@ -51,7 +58,9 @@ class JobStore : public c10d::Store {
   template <typename F>
   auto with(F&& f) -> decltype(f(std::declval<KvOps&>()));
 
-  std::unique_ptr<KvServer> server_;
+  std::shared_ptr<KvServer> server_;
+  std::string host_;  // a client's address (clone)
+  int port_ = 0;
   mutable std::mutex mu_;  // guards client_
   std::unique_ptr<KvClient> client_;
   bool closed_ = false;

@@ -289,6 +289,20 @@ void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
   count(g, "reduce_scatter", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
 }
 
+void Comm::alltoall(Group g, const torch::Tensor& send, torch::Tensor& recv) {
+  auto* p = pg(g);
+  if (!p) {
+    recv.copy_(send);
+    return;
+  }
+  const int n = size(g);
+  auto in = staged(send), out = staged(recv);
+  std::vector<int64_t> equalSplits;  // empty: n equal chunks
+  run(g, "alltoall", [&] { return p->alltoall_base(out, in, equalSplits, equalSplits); });
+  if (!out.is_same(recv)) recv.copy_(out);
+  count(g, "alltoall", static_cast<uint64_t>(n - 1) * (send.nbytes() / n), 0);
+}
+
 void Comm::barrier(Group g) {
   auto* p = pg(g);
   if (!p) return;

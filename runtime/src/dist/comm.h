@@ -89,6 +89,9 @@ class Comm {
   // holds the sum over the group (other chunks are clobbered). Gloo 1.13 has no
   // reduce_scatter: this is a ring of send/recv, which sends the optimal (n-1)/n bytes.
   void reduceScatterSum(Group g, torch::Tensor& full);
+  // send, recv: [n * chunk]. Chunk i of `send` goes to rank i; chunk i of `recv` comes
+  // from rank i (its own chunk is copied). Each rank sends the (n-1) chunks that leave it.
+  void alltoall(Group g, const torch::Tensor& send, torch::Tensor& recv);
   void barrier(Group g);
   // In place: every rank of the group gets `root`'s `t` (root = rank within the group).
   void broadcast(Group g, torch::Tensor& t, int root);

@@ -30,12 +30,15 @@ static torch::Tensor viewAs(const torch::Tensor& rec, int64_t offset, int64_t co
   return torch::from_blob(static_cast<uint8_t*>(rec.data_ptr()) + offset, {count}, rec.options().dtype(t));
 }
 
-torch::Tensor Int8Record::header(const torch::Tensor& rec) const { return viewAs(rec, 0, 2, torch::kFloat64); }
-torch::Tensor Int8Record::scales(const torch::Tensor& rec) const {
-  return viewAs(rec, kHeader, blocks(), torch::kFloat32);
+torch::Tensor Int8Record::header(const torch::Tensor& rec) const {
+  TORCH_CHECK(withHeader, "Int8Record: this record has no header");
+  return viewAs(rec, 0, 2, torch::kFloat64);
 }
-torch::Tensor Int8Record::values(const torch::Tensor& rec) const {
-  return viewAs(rec, kHeader + 4 * blocks(), n, torch::kInt8);
+torch::Tensor Int8Record::scales(const torch::Tensor& rec, int64_t len) const {
+  return viewAs(rec, headerBytes(), blockCount(len, block), torch::kFloat32);
+}
+torch::Tensor Int8Record::values(const torch::Tensor& rec, int64_t len) const {
+  return viewAs(rec, headerBytes() + 4 * blocks(), len, torch::kInt8);
 }
 
 }  // namespace edit

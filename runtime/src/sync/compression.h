@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace edit {
@@ -21,18 +22,33 @@ bool quantizeInt8(const torch::Tensor& x, int64_t block, const torch::Tensor& q,
 // out (float32 [n]) := q * scale of its block.
 void dequantizeInt8(const torch::Tensor& q, const torch::Tensor& scales, int64_t block, const torch::Tensor& out);
 
-// One rank's record in the sync group's all-gather, as bytes: a header of two doubles
-// (the replica's norm, +inf when it is dropped, and its local steps), the scales, the
-// int8 values, padded to 8 bytes so every record's header stays aligned.
-struct Int8Record {
-  static constexpr int64_t kHeader = 16;
+// The M parts a rank's slice is split into for the int8 reduce-scatter: part c (owned by
+// sync rank c) is whole blocks [c*per, (c+1)*per) clipped to the slice, per =
+// ceil(blocks / M). Parts start on block boundaries, so quantizing part by part gives the
+// same bytes as quantizing the whole slice; trailing parts may be short or empty.
+struct SlicePartition {
   int64_t n = 0, block = 256;
+  int parts = 1;
+  int64_t blocksPerPart() const { return (blockCount(n, block) + parts - 1) / parts; }
+  int64_t maxLength() const { return std::min(n, blocksPerPart() * block); }
+  int64_t begin(int c) const { return std::min(n, c * blocksPerPart() * block); }
+  int64_t length(int c) const { return std::min(n, (c + 1) * blocksPerPart() * block) - begin(c); }
+};
+
+// One part's record in the sync group's exchange, as bytes: an optional header of two
+// doubles (the sender's norm, +inf when it is dropped, and its local steps), the fp32
+// scales, the int8 values, padded to 8 bytes so every record's header stays aligned.
+// A record holds up to n values; a shorter part uses the prefix of scales and values.
+struct Int8Record {
+  int64_t n = 0, block = 256;
+  bool withHeader = true;
+  int64_t headerBytes() const { return withHeader ? 16 : 0; }
   int64_t blocks() const { return blockCount(n, block); }
-  int64_t bytes() const { return (kHeader + 4 * blocks() + n + 7) / 8 * 8; }
+  int64_t bytes() const { return (headerBytes() + 4 * blocks() + n + 7) / 8 * 8; }
   // Views into a record (`rec`: uint8 [bytes()], contiguous).
   torch::Tensor header(const torch::Tensor& rec) const;  // float64 [2]
-  torch::Tensor scales(const torch::Tensor& rec) const;  // float32 [blocks]
-  torch::Tensor values(const torch::Tensor& rec) const;  // int8 [n]
+  torch::Tensor scales(const torch::Tensor& rec, int64_t len) const;  // float32 [blockCount(len)]
+  torch::Tensor values(const torch::Tensor& rec, int64_t len) const;  // int8 [len]
 };
 
 }  // namespace edit

@@ -74,26 +74,49 @@ static void judge(Comm& comm, EwmaDetector& detector, const SyncSettings& s, dou
   }
 }
 
+// The length of the part of a slice of n elements that sync rank `rank` of M owns in the
+// int8 reduce-scatter (the size of its OuterUnit::averageResidual).
+int64_t ownedPartLength(int64_t n, int64_t block, int M, int rank) {
+  return SlicePartition{n, block, M}.length(rank);
+}
+
 // A round with algorithm.syncCompression int8 (docs/algorithm.md, "Compressed
 // synchronization"). D holds this rank's pseudo-gradient on entry and, on return, the
 // weighted average of every replica's dequantized one; false when every replica was
-// dropped (the round skips the unit). Gloo has no int8 sum: each rank all-gathers every
-// replica's int8 slice with its scales and its (norm, steps), and all ranks of the sync
-// group dequantize and sum the same bytes in the same order, so they agree bit for bit.
-static bool averageInt8(Comm& comm, torch::Tensor& D, torch::Tensor& residual, EwmaDetector& detector,
-                        const SyncSettings& s, double stepsSinceSync, UnitSyncResult& r) {
+// dropped (the round skips the unit). Gloo has no int8 sum, so the all-reduce becomes an
+// int8 reduce-scatter and all-gather: the slice is cut into M parts; each rank sends part
+// c, quantized, with its (norm, steps), to sync rank c (all-to-all); rank c averages its
+// part over the replicas in fp32 in replica order, requantizes the average (with its own
+// error feedback) and all-gathers it. Every rank dequantizes the same gathered bytes, so
+// the replicas' outer slices agree bit for bit.
+static bool averageInt8(Comm& comm, torch::Tensor& D, torch::Tensor& residual, torch::Tensor& averageResidual,
+                        EwmaDetector& detector, const SyncSettings& s, double stepsSinceSync, UnitSyncResult& r) {
   const int M = comm.size(Group::Sync), me = comm.rankIn(Group::Sync);
   const double inf = std::numeric_limits<double>::infinity();
   D.add_(residual);  // error feedback: what earlier rounds' quantization did not send
-  const Int8Record rec{D.numel(), s.block};
+  const SlicePartition parts{D.numel(), s.block, M};
+  const Int8Record rec{parts.maxLength(), s.block};
   const int64_t R = rec.bytes();
-  auto all = torch::empty({M * R}, D.options().dtype(torch::kUInt8));
-  auto row = [&](int m) { return all.narrow(0, m * R, R); };
-  auto mine = row(me);
-  // Checked before anything is scaled: the absmax of a NaN would poison its block.
-  const bool finite = quantizeInt8(D, s.block, rec.values(mine), rec.scales(mine));
+  auto sent = torch::zeros({M * R}, D.options().dtype(torch::kUInt8));
+  auto received = torch::empty_like(sent);
+  auto record = [&](const torch::Tensor& buf, int c) { return buf.narrow(0, c * R, R); };
+  auto part = [&](const torch::Tensor& x, int c) { return x.narrow(0, parts.begin(c), parts.length(c)); };
+
+  // Quantize part by part straight into the outgoing records (parts start on block
+  // boundaries: the same bytes as quantizing the whole slice). A NaN or Inf anywhere is
+  // found before anything is scaled; the whole slice then goes out as zeros.
+  bool finite = true;
+  for (int c = 0; c < M; ++c) {
+    const int64_t len = parts.length(c);
+    if (len > 0) finite &= quantizeInt8(part(D, c), s.block, rec.values(record(sent, c), len),
+                                        rec.scales(record(sent, c), len));
+  }
+  if (!finite) sent.zero_();
   auto Dq = torch::empty_like(D);
-  dequantizeInt8(rec.values(mine), rec.scales(mine), s.block, Dq);
+  for (int c = 0; c < M; ++c) {
+    const int64_t len = parts.length(c);
+    if (len > 0) dequantizeInt8(rec.values(record(sent, c), len), rec.scales(record(sent, c), len), s.block, part(Dq, c));
+  }
   // The penalty judges what the others receive: the dequantized values.
   if (s.penaltyOn()) {
     judge(comm, detector, s, finite ? Dq.dot(Dq).item<double>() : inf, r);
@@ -103,12 +126,14 @@ static bool averageInt8(Comm& comm, torch::Tensor& D, torch::Tensor& residual, E
   // A dropped contribution leaves the residual as it was (nothing of D was sent);
   // otherwise it keeps what this round's quantization lost.
   if (!r.anomaly) torch::sub_out(residual, D, Dq);
-  rec.header(mine).copy_(torch::tensor({r.anomaly ? inf : r.norm, stepsSinceSync}, torch::kFloat64));
-  comm.allgatherInto(Group::Sync, mine, all);
+  const auto header = torch::tensor({r.anomaly ? inf : r.norm, stepsSinceSync}, torch::kFloat64);
+  for (int c = 0; c < M; ++c) rec.header(record(sent, c)).copy_(header);
+  comm.alltoall(Group::Sync, sent, received);
 
+  // Every rank received every replica's header: all compute the same weights.
   std::vector<double> norms(M), steps(M);
   for (int m = 0; m < M; ++m) {
-    auto h = rec.header(row(m)).cpu();
+    auto h = rec.header(record(received, m));
     norms[m] = h[0].item<double>();
     steps[m] = h[1].item<double>();
   }
@@ -124,11 +149,34 @@ static bool averageInt8(Comm& comm, torch::Tensor& D, torch::Tensor& residual, E
   double wsum = 0;
   for (double x : w) wsum += x;
   if (wsum == 0) return false;
-  D.zero_();
-  for (int m = 0; m < M; ++m) {
-    if (w[m] == 0) continue;
-    dequantizeInt8(rec.values(row(m)), rec.scales(row(m)), s.block, Dq);
-    D.add_(Dq, w[m]);
+
+  // The owned part: A = sum_m w_m D'_m in fp32, replica order, each term rounded to fp32
+  // before it is added (docs/algorithm.md: the order the reference repeats).
+  const int64_t own = parts.length(me);
+  const Int8Record out{parts.maxLength(), s.block, /*withHeader=*/false};
+  const int64_t O = out.bytes();
+  auto gathered = sent.narrow(0, 0, M * O);  // the outgoing records are spent: reuse them
+  if (own > 0) {
+    auto A = torch::zeros({own}, D.options()), term = torch::empty_like(A);
+    for (int m = 0; m < M; ++m) {
+      if (w[m] == 0) continue;
+      auto in = record(received, m);
+      dequantizeInt8(rec.values(in, own), rec.scales(in, own), s.block, term);
+      A.add_(term.mul_(w[m]));
+    }
+    A.add_(averageResidual);
+    auto mine = gathered.narrow(0, me * O, O);
+    auto Aq = torch::empty_like(A);
+    if (quantizeInt8(A, s.block, out.values(mine, own), out.scales(mine, own))) {
+      dequantizeInt8(out.values(mine, own), out.scales(mine, own), s.block, Aq);
+      torch::sub_out(averageResidual, A, Aq);
+    }  // not finite (an fp32 overflow): zeros go out, the residual is kept
+  }
+  comm.allgatherInto(Group::Sync, gathered.narrow(0, me * O, O), gathered);
+  for (int c = 0; c < M; ++c) {
+    const int64_t len = parts.length(c);
+    auto in = gathered.narrow(0, c * O, O);
+    if (len > 0) dequantizeInt8(out.values(in, len), out.scales(in, len), s.block, part(D, c));
   }
   return true;
 }
@@ -146,8 +194,12 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& 
 
   if (s.int8) {
     auto residual = offloaded ? o.residual.to(unit.slice.device(), true) : o.residual;
-    const bool averaged = averageInt8(comm, D, residual, detector, s, stepsSinceSync, r);
-    if (offloaded) o.residual.copy_(residual);
+    auto averageResidual = offloaded ? o.averageResidual.to(unit.slice.device(), true) : o.averageResidual;
+    const bool averaged = averageInt8(comm, D, residual, averageResidual, detector, s, stepsSinceSync, r);
+    if (offloaded) {
+      o.residual.copy_(residual);
+      o.averageResidual.copy_(averageResidual);
+    }
     if (!averaged) {
       // Every replica dropped: skip the outer step and drop the local progress.
       r.skipped = true;

@@ -25,7 +25,11 @@ struct OuterUnit {
   // sent yet of this rank's pseudo-gradient (undefined without compression). Per rank,
   // not shared by the sync group like the two above.
   torch::Tensor residual;
-  // With algorithm.offloadOuterState on a GPU both live in pinned host memory and visit
+  // [part] error feedback of the averaged pseudo-gradient of the part of the slice this
+  // rank owns in the int8 reduce-scatter (SlicePartition part rankIn(Sync)): what
+  // requantizing the average for the all-gather has not sent yet. Also per rank.
+  torch::Tensor averageResidual;
+  // With algorithm.offloadOuterState on a GPU all live in pinned host memory and visit
   // the device only while their unit synchronizes.
 };
 
@@ -57,6 +61,10 @@ struct UnitSyncResult {
 
 UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& outer, EwmaDetector& detector,
                         const SyncSettings& s, double stepsSinceSync);
+
+// algorithm.syncCompression int8: the length of the part of a slice of n elements that
+// sync rank `rank` of M owns (averages and all-gathers), i.e. of its averageResidual.
+int64_t ownedPartLength(int64_t n, int64_t block, int M, int rank);
 
 // The outer optimizer step alone: SGD with (Nesterov) momentum, dampening 0, like
 // torch.optim.SGD. Exposed for tests.

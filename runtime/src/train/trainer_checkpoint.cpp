@@ -37,6 +37,7 @@ void Trainer::saveCheckpoint(int64_t id) {
       t[k + "outer"] = outer_[u].outer;
       t[k + "momentum"] = outer_[u].momentum;
       if (outer_[u].residual.defined()) t[k + "residual"] = outer_[u].residual;
+      if (outer_[u].averageResidual.defined()) t[k + "averageResidual"] = outer_[u].averageResidual;
     }
   }
   const uint32_t crc = writeCheckpointFile(rankFileName(dir, mesh_.rank), t);
@@ -123,6 +124,12 @@ bool Trainer::tryResume() {
         const bool has = t.count(k + "residual") > 0;
         residualsFound += has;
         outer_.back().residual = has ? t.at(k + "residual").clone() : torch::zeros_like(outer_.back().outer);
+        // The owned part's residual, when the file has one of this run's part size (the
+        // parts follow the number of replicas and the block); otherwise from zero.
+        const int64_t own = ownedPartLength(outer_.back().outer.numel(), sync_.block, mesh_.replicas, mesh_.rank / mesh_.shards);
+        const bool hasAvg = t.count(k + "averageResidual") && t.at(k + "averageResidual").numel() == own;
+        outer_.back().averageResidual =
+            hasAvg ? t.at(k + "averageResidual").clone() : torch::zeros({own}, outer_.back().outer.options());
       }
     }
     if (outerReady_ && sync_.int8 && residualsFound == 0)

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace edit::ref {
@@ -57,6 +58,31 @@ inline std::vector<float> sendWithFeedback(const std::vector<float>& d, std::vec
   const auto sent = dequantize(quantize(x, block), block);
   for (size_t i = 0; i < d.size(); ++i) residual[i] = x[i] - sent[i];
   return sent;
+}
+
+// The parts a slice of n elements is cut into for the sync group's reduce-scatter:
+// part c = [begin, end) of whole blocks, ceil(ceil(n / block) / M) blocks each.
+inline std::pair<int64_t, int64_t> partRange(int64_t n, int64_t block, int M, int c) {
+  const int64_t blocks = (n + block - 1) / block, per = (blocks + M - 1) / M;
+  return {std::min(n, c * per * block), std::min(n, (c + 1) * per * block)};
+}
+
+// The owner of one part: the average of what the replicas sent, in fp32 as the page
+// specifies (each term w_m * D'_m rounded to fp32, summed in replica order, replicas of
+// weight 0 left out), then sent on, requantized with the owner's own error feedback.
+// sent[m]: replica m's dequantized part. Returns what every rank of the group receives.
+inline std::vector<float> averageAndSend(const std::vector<std::vector<float>>& sent, const std::vector<double>& w,
+                                         std::vector<float>& residual, int64_t block) {
+  std::vector<float> a(residual.size(), 0.0f);
+  for (size_t m = 0; m < sent.size(); ++m) {
+    if (w[m] == 0) continue;
+    const float wf = static_cast<float>(w[m]);
+    for (size_t i = 0; i < a.size(); ++i) {
+      const float term = sent[m][i] * wf;
+      a[i] = a[i] + term;
+    }
+  }
+  return sendWithFeedback(a, residual, block);
 }
 
 }  // namespace edit::ref

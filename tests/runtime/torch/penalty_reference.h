@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <vector>
 
@@ -47,10 +48,13 @@ inline double l2(const std::vector<double>& v) {
 
 // One round: D[m] is replica m's pseudo-gradient (outer - inner) of the whole unit;
 // stats[m], outer and momentum are updated in place. steps[m]: local steps since the
-// last sync (only read with stepShare).
+// last sync (only read with stepShare). `average`, when given, replaces the plain
+// weighted average sum_m w_m D_m (compressed synchronization averages and sends it its way).
+using AverageFn = std::function<std::vector<double>(const std::vector<std::vector<double>>& D,
+                                                    const std::vector<double>& weights)>;
 inline Round round(const std::vector<std::vector<double>>& D, std::vector<Stats>& stats,
                    std::vector<double>& outer, std::vector<double>& momentum, const Params& p,
-                   const std::vector<double>& steps = {}) {
+                   const std::vector<double>& steps = {}, const AverageFn& average = {}) {
   const size_t M = D.size(), n = outer.size();
   Round r;
   r.norms.resize(M);
@@ -122,8 +126,12 @@ inline Round round(const std::vector<std::vector<double>>& D, std::vector<Stats>
   }
 
   std::vector<double> avg(n, 0.0);
-  for (size_t m : kept)
-    for (size_t i = 0; i < n; ++i) avg[i] += r.weights[m] * D[m][i];
+  if (average) {
+    avg = average(D, r.weights);
+  } else {
+    for (size_t m : kept)
+      for (size_t i = 0; i < n; ++i) avg[i] += r.weights[m] * D[m][i];
+  }
   r.averagedNorm = l2(avg);
   if (p.clip && r.averagedNorm > 0) r.clipFactor = std::min(1.0, p.clipNorm / (r.averagedNorm + 1e-6));
   for (double& x : avg) x *= r.clipFactor;

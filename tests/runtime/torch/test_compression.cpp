@@ -89,7 +89,7 @@ struct Scenario {
 struct RankRound {
   UnitSyncResult res;
   std::vector<float> fed;  // the pseudo-gradient syncUnit saw: outer - inner, in float
-  std::vector<float> outer, momentum, residual;
+  std::vector<float> outer, momentum, residual, averageResidual;
 };
 
 // syncUnit with int8 on M x N ranks; returns [round][rank], and each rank's bytes sent
@@ -106,7 +106,8 @@ std::vector<std::vector<RankRound>> runDistributed(const Scenario& sc, const Syn
     Comm comm(test::meshFor(r, sc.M, sc.N, port));
     auto outer0 = torch::tensor(sc.outer0, torch::kFloat64).to(torch::kFloat32);
     FlatUnit unit = test::sliceUnit(sc.N, sh, sc.P);
-    OuterUnit o{outer0.narrow(0, sh * chunk, chunk).clone(), torch::zeros({chunk}), torch::zeros({chunk})};
+    OuterUnit o{outer0.narrow(0, sh * chunk, chunk).clone(), torch::zeros({chunk}), torch::zeros({chunk}),
+                torch::zeros({ownedPartLength(chunk, s.block, sc.M, m)})};
     EwmaDetector det;
     for (size_t k = 0; k < sc.D.size(); ++k) {
       auto Dm = torch::tensor(sc.D[k][m], torch::kFloat64).to(torch::kFloat32).narrow(0, sh * chunk, chunk);
@@ -117,6 +118,7 @@ std::vector<std::vector<RankRound>> runDistributed(const Scenario& sc, const Syn
       rr.outer = vecOf(o.outer);
       rr.momentum = vecOf(o.momentum);
       rr.residual = vecOf(o.residual);
+      rr.averageResidual = vecOf(o.averageResidual);
       EXPECT_TRUE(torch::equal(unit.slice, o.outer)) << "rank " << r << ": inner weights must be the outer ones";
     }
     if (syncBytes)
@@ -128,7 +130,9 @@ std::vector<std::vector<RankRound>> runDistributed(const Scenario& sc, const Syn
 
 // The reference of each round: every replica sends its slices through
 // ref::sendWithFeedback, and ref::round (the penalty and the outer step) runs on what was
-// sent. A dropped replica's residual stays as it was. Compares every rank, every round.
+// sent, averaging each part of each slice with ref::averageAndSend at its owner (sync
+// rank c owns part c). A dropped replica's residual stays as it was. Compares every
+// rank, every round.
 void expectMatchesReference(const Scenario& sc, const SyncSettings& s, const ref::Params& p,
                             const std::vector<std::vector<RankRound>>& got,
                             std::vector<ref::Round>* roundsOut = nullptr) {
@@ -137,6 +141,24 @@ void expectMatchesReference(const Scenario& sc, const SyncSettings& s, const ref
   std::vector<double> outer(sc.outer0.begin(), sc.outer0.end()), momentum(sc.P, 0.0);
   for (auto& x : outer) x = static_cast<float>(x);
   std::vector<std::vector<float>> residual(sc.M * sc.N, std::vector<float>(chunk, 0.0f));
+  std::vector<std::vector<float>> ownerResidual(sc.M * sc.N);  // rank c*N+sh owns part c of shard sh
+  for (int r = 0; r < sc.M * sc.N; ++r) {
+    const auto [b, e] = ref::partRange(chunk, s.block, sc.M, r / sc.N);
+    ownerResidual[r].assign(e - b, 0.0f);
+  }
+  auto average = [&](const std::vector<std::vector<double>>& D, const std::vector<double>& w) {
+    std::vector<double> avg(sc.P, 0.0);
+    for (int sh = 0; sh < sc.N; ++sh)
+      for (int c = 0; c < sc.M; ++c) {
+        const auto [b, e] = ref::partRange(chunk, s.block, sc.M, c);
+        std::vector<std::vector<float>> parts(sc.M);
+        for (int m = 0; m < sc.M; ++m)
+          for (int64_t i = b; i < e; ++i) parts[m].push_back(static_cast<float>(D[m][sh * chunk + i]));
+        const auto got = ref::averageAndSend(parts, w, ownerResidual[c * sc.N + sh], s.block);
+        for (int64_t i = b; i < e; ++i) avg[sh * chunk + i] = got[i - b];
+      }
+    return avg;
+  };
   for (size_t k = 0; k < sc.D.size(); ++k) {
     std::vector<std::vector<double>> sent(sc.M, std::vector<double>(sc.P));
     auto next = residual;
@@ -149,7 +171,7 @@ void expectMatchesReference(const Scenario& sc, const SyncSettings& s, const ref
       if (!finite)  // the reference quantizer sends nothing for it: mark the replica
         for (auto& x : sent[r / sc.N]) x = NAN;
     }
-    const auto rr = ref::round(sent, stats, outer, momentum, p);
+    const auto rr = ref::round(sent, stats, outer, momentum, p, {}, average);
     if (roundsOut) roundsOut->push_back(rr);
     for (int r = 0; r < sc.M * sc.N; ++r)
       if (!rr.flagged[r / sc.N]) residual[r] = next[r];
@@ -162,6 +184,13 @@ void expectMatchesReference(const Scenario& sc, const SyncSettings& s, const ref
       if (s.penaltyOn() && !rr.flagged[m]) EXPECT_NEAR(g.res.norm, rr.norms[m], 1e-5 * (1 + rr.norms[m])) << at;
       if (!rr.skipped) EXPECT_NEAR(g.res.weight, rr.weights[m], 1e-6) << at;
       EXPECT_EQ(g.residual, residual[r]) << at << ": residual";
+      // The owner's average depends on the weights, which the reference computes from its
+      // own (double) norms: equal to ~1e-7 relative, far below one quantization step
+      // (~1e-3 here), so a wrongly quantized element would still show.
+      ASSERT_EQ(g.averageResidual.size(), ownerResidual[r].size()) << at;
+      for (size_t i = 0; i < g.averageResidual.size(); ++i)
+        EXPECT_NEAR(g.averageResidual[i], ownerResidual[r][i], s.penalty.weighted ? 1e-6 : 0.0)
+            << at << " element " << i << ": residual of the owned part's average";
       for (int64_t i = 0; i < chunk; ++i) {
         const double want = outer[sh * chunk + i], mom = momentum[sh * chunk + i];
         const bool ok = std::fabs(g.outer[i] - want) <= 2e-5 * (1 + std::fabs(want)) &&
@@ -258,9 +287,10 @@ TEST(Compression, NaNIsDroppedBeforeQuantizingAndNeverReachesTheOuterWeights) {
 }
 
 TEST(Compression, ErrorFeedbackConservesTheSumOverRounds) {
-  // Plain averaging (localsgd: outer := outer - mean of what was sent): over K rounds,
-  // M x (how far the outer weights moved) + every replica's final residual must equal
-  // the sum of every pseudo-gradient fed in. Checked for the reference too.
+  // Plain averaging (localsgd: outer := outer - the average every rank received): over K
+  // rounds, M x (how far the outer weights moved) + every replica's final residual + M x
+  // the owner's residual of the average must equal the sum of every pseudo-gradient fed
+  // in. Checked for the reference's sending stage too.
   const int M = 2, N = 2, K = 20;
   auto sc = makeScenario(M, N, K);
   const auto s = int8Settings("localsgd");
@@ -285,20 +315,61 @@ TEST(Compression, ErrorFeedbackConservesTheSumOverRounds) {
         for (int k = 0; k < K; ++k) fed += got[k][m * N + sh].fed[i];
         resid += got[K - 1][m * N + sh].residual[i];
       }
+      for (int c = 0; c < M; ++c) {  // the owner of element i's part
+        const auto [b, e] = ref::partRange(chunk, s.block, M, c);
+        if (i >= b && i < e) resid += M * got[K - 1][c * N + sh].averageResidual[i - b];
+      }
       const double moved = static_cast<double>(static_cast<float>(sc.outer0[sh * chunk + i])) - got[K - 1][sh].outer[i];
       EXPECT_NEAR(M * moved + resid, fed, 1e-4) << "shard " << sh << " element " << i;
     }
 }
 
-TEST(Compression, BytesSentAreTheAllGatherOfInt8AndScales) {
+TEST(Compression, BytesSentAreAnInt8ReduceScatterAndAllGather) {
   for (auto [M, N] : {std::pair{2, 2}, std::pair{4, 1}}) {
     auto sc = makeScenario(M, N, 3);
     std::vector<uint64_t> bytes;
     runDistributed(sc, int8Settings("edit"), &bytes);
-    const int64_t chunk = sc.P / N, blocks = (chunk + 15) / 16;
-    // Per round: (M - 1) records of 16 header bytes, fp32 scales and int8 values, padded to 8.
-    const uint64_t record = (16 + 4 * blocks + chunk + 7) / 8 * 8;
-    for (int r = 0; r < M * N; ++r) EXPECT_EQ(bytes[r], 3 * (M - 1) * record) << M << "x" << N << " rank " << r;
+    const int64_t chunk = sc.P / N;
+    // Per round: to each of the (M - 1) other ranks one part's record (16 header bytes,
+    // fp32 scales, int8 values, padded to 8), then the owned part's average to each of
+    // them (no header). Records are sized for the longest part.
+    int64_t longest = 0;
+    for (int c = 0; c < M; ++c) {
+      const auto [b, e] = ref::partRange(chunk, 16, M, c);
+      longest = std::max(longest, e - b);
+    }
+    const int64_t scales = 4 * ((longest + 15) / 16);
+    const uint64_t toOwner = (16 + scales + longest + 7) / 8 * 8, fromOwner = (scales + longest + 7) / 8 * 8;
+    for (int r = 0; r < M * N; ++r)
+      EXPECT_EQ(bytes[r], 3 * (M - 1) * (toOwner + fromOwner)) << M << "x" << N << " rank " << r;
+  }
+}
+
+TEST(Compression, Int8SendsAtMostThirtyPercentOfTheFp32AllReduce) {
+  // A realistic slice (4096 elements per rank, the default block of 256) at M = 2 and 4.
+  for (auto [M, N] : {std::pair{2, 2}, std::pair{4, 1}}) {
+    Scenario sc;
+    sc.M = M;
+    sc.N = N;
+    sc.P = 4096 * N;
+    sc.block = 256;
+    sc.D.emplace_back();
+    for (int m = 0; m < M; ++m) {
+      const auto v = randomVec(sc.P, 40 + m, 1e-3);
+      sc.D.back().emplace_back(v.begin(), v.end());
+    }
+    const auto o = randomVec(sc.P, 8);
+    sc.outer0.assign(o.begin(), o.end());
+    auto s = int8Settings("edit");
+    s.block = 256;
+    std::vector<uint64_t> int8Bytes, fp32Bytes;
+    runDistributed(sc, s, &int8Bytes);
+    s.int8 = false;
+    runDistributed(sc, s, &fp32Bytes);
+    for (int r = 0; r < M * N; ++r) {
+      EXPECT_GT(fp32Bytes[r], 0u);
+      EXPECT_LE(static_cast<double>(int8Bytes[r]) / fp32Bytes[r], 0.30) << M << "x" << N << " rank " << r;
+    }
   }
 }
 

@@ -114,10 +114,16 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
   // int8: each rank's slice (chunk = numel / N rounded up; the last one padded with
   // zeros) goes through ref::sendWithFeedback; its residual is kept per rank.
   const bool int8 = a.syncCompression == "int8";
-  std::vector<std::vector<std::vector<float>>> residual(U);
+  // The average goes through ref::averageAndSend at its owner (sync rank c owns part c of
+  // each slice), whose residual is kept per rank too.
+  std::vector<std::vector<std::vector<float>>> residual(U), ownerResidual(U);
   for (size_t u = 0; u < U; ++u) {
     const int64_t chunk = (layouts[u].numel + N - 1) / N;
     residual[u].assign(M * N, std::vector<float>(chunk, 0.0f));
+    for (int r = 0; r < M * N; ++r) {
+      const auto [b, e] = ref::partRange(chunk, a.compressionBlock, M, r / N);
+      ownerResidual[u].emplace_back(e - b, 0.0f);
+    }
   }
   bool outerReady = false;
   int64_t sinceSync = 0;
@@ -147,7 +153,21 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
             const auto sent = ref::sendWithFeedback(part, next[m * N + sh], a.compressionBlock);
             for (int64_t i = 0; i < chunk && sh * chunk + i < numel; ++i) D[m][sh * chunk + i] = sent[i];
           }
-        const auto rr = ref::round(D, stats[u], outer[u], momentum[u], rp);
+        auto average = [&](const std::vector<std::vector<double>>& Dm, const std::vector<double>& w) {
+          std::vector<double> avg(numel, 0.0);
+          for (int sh = 0; sh < N; ++sh)
+            for (int c = 0; c < M; ++c) {
+              const auto [b, e] = ref::partRange(chunk, a.compressionBlock, M, c);
+              std::vector<std::vector<float>> parts(M, std::vector<float>(e - b, 0.0f));
+              for (int m = 0; m < M; ++m)
+                for (int64_t i = b; i < e && sh * chunk + i < numel; ++i)
+                  parts[m][i - b] = static_cast<float>(Dm[m][sh * chunk + i]);
+              const auto got = ref::averageAndSend(parts, w, ownerResidual[u][c * N + sh], a.compressionBlock);
+              for (int64_t i = b; i < e && sh * chunk + i < numel; ++i) avg[sh * chunk + i] = got[i - b];
+            }
+          return avg;
+        };
+        const auto rr = ref::round(D, stats[u], outer[u], momentum[u], rp, {}, average);
         for (int r = 0; r < M * N; ++r)
           if (!rr.flagged[r / N]) residual[u][r] = next[r];
       } else {

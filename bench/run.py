@@ -295,6 +295,7 @@ def analyze(workers, wall, layout, cfg, fpt):
         t_e = max(w.progress[-1][0] for w in workers)
         tok = sum(w.progress[-1][1]["tokens"] - warm * cfg["tokens_per_step"] for w in heads)
         res["tps_steady"] = tok / (t_e - t_w) if t_e > t_w else None
+        res["t_warm"] = t_w
     except StopIteration:
         res["tps_steady"] = None
     res["t_last"] = max(w.progress[-1][0] for w in workers) if all(w.progress for w in workers) else None

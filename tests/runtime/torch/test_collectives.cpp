@@ -30,6 +30,28 @@ TEST(Collectives, RingReduceScatterMatchesSum) {
   }
 }
 
+TEST(Collectives, AllToAllDeliversChunkIToRankIAsBytes) {
+  // uint8 records (the int8 sync's): chunk i of rank r's buffer holds (r, i) and must land
+  // in chunk r of rank i's; each rank sends the n-1 chunks that leave it.
+  for (int N : {2, 3, 4}) {
+    const int port = test::freePort();
+    const int64_t chunk = 6;
+    std::vector<torch::Tensor> got(N);
+    test::runRanks(N, [&](int r) {
+      Comm comm(test::meshFor(r, N, 1, port));
+      auto send = torch::empty({N * chunk}, torch::kUInt8), recv = torch::zeros_like(send);
+      for (int i = 0; i < N; ++i) send.narrow(0, i * chunk, chunk).fill_(16 * r + i);
+      comm.alltoall(Group::Sync, send, recv);
+      got[r] = recv;
+      EXPECT_EQ(comm.counters().at({"alltoall", "sync"}).bytes, static_cast<uint64_t>((N - 1) * chunk));
+    });
+    for (int i = 0; i < N; ++i)
+      for (int r = 0; r < N; ++r)
+        EXPECT_TRUE(torch::equal(got[i].narrow(0, r * chunk, chunk), torch::full({chunk}, 16 * r + i, torch::kUInt8)))
+            << N << " ranks: chunk " << r << " of rank " << i;
+  }
+}
+
 TEST(Collectives, GroupsFollowTheMesh) {
   // M=2 replicas x N=2 shards: shard group = same replica, sync group = same shard.
   const int port = test::freePort();

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""int8 sync compression (algorithm.syncCompression, issue 18) against fp32: bytes sent per
-rank in the sync group per sync round, validation loss at equal tokens, and, as root, the
+"""int8 and int4 sync compression (algorithm.syncCompression, issue 18) against fp32: bytes
+sent per rank in the sync group per sync round, validation loss at equal tokens, and, as root, the
 20 Mbit/s replica link of bench/run.py (blocked share and steady tokens/s).
 
     python3 bench/compression.py                       # writes bench/results/<date>/compression.md
@@ -19,6 +19,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402
 from common import LAYOUTS, ROOT, TINY, blas_coretype, flops_per_token, fmt, log  # noqa: E402
+
+
+CODECS = ["none", "int8", "int4"]
 
 
 def parse(argv):
@@ -93,15 +96,16 @@ def one(a, tmp, layout, comp, steps, netns=None):
     return r
 
 
-def per_round(none, int8):
-    """Bytes per rank per sync round in the sync group. The synchronous warm-up's gradient
-    all-reduces also cross it; int8 rounds send no all-reduce there, so the int8 run's
-    all-reduce bytes are the warm-up's (same configuration), subtracted from both."""
+def per_round(runs):
+    """Bytes per rank per sync round in the sync group, for each run of {codec: run}. The
+    synchronous warm-up's gradient all-reduces also cross it; compressed rounds send no
+    all-reduce there, so the int8 run's all-reduce bytes are the warm-up's (same
+    configuration), subtracted from every run."""
     out = {}
-    for name, r in (("none", none), ("int8", int8)):
+    for name, r in runs.items():
         vals = []
         for rank, b in enumerate(r["sync_bytes"]):
-            warm = int8["sync_bytes"][rank].get("allreduce", 0)
+            warm = runs["int8"]["sync_bytes"][rank].get("allreduce", 0)
             vals.append((sum(b.values()) - warm) / r["syncs"])
         out[name] = sum(vals) / len(vals)
     return out
@@ -115,12 +119,10 @@ def main(argv):
     results = {"args": {k: v for k, v in vars(a).items() if k != "base_config"}, "runs": {}}
     rows = []
     for layout in [l for l in a.layouts.split(",") if l]:
-        none = one(a, tmp, layout, "none", a.steps)
-        int8 = one(a, tmp, layout, "int8", a.steps)
-        br = per_round(none, int8)
-        results["runs"][f"{layout} normal"] = {"none": none, "int8": int8, "bytes_per_round": br}
-        dl = (int8["val_loss"] - none["val_loss"]) / none["val_loss"]
-        rows.append((layout, none, int8, br, dl))
+        runs = {c: one(a, tmp, layout, c, a.steps) for c in CODECS}
+        br = per_round(runs)
+        results["runs"][f"{layout} normal"] = dict(runs, bytes_per_round=br)
+        rows.append((layout, runs, br))
 
     link = None
     if not a.no_link:
@@ -133,40 +135,43 @@ def main(argv):
             try:
                 ns.setup(4, "20mbit")
                 mbit = ns.measure(2.0)
-                none = one(a, tmp, "4x1", "none", a.link_steps, ns)
-                int8 = one(a, tmp, "4x1", "int8", a.link_steps, ns)
+                link = {c: one(a, tmp, "4x1", c, a.link_steps, ns) for c in CODECS}
             finally:
                 ns.teardown()
-            link = {"mbit": mbit, "none": none, "int8": int8}
+            link["mbit"] = mbit
             results["runs"]["4x1 link20"] = link
 
     with open(os.path.join(out, "compression.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
-    L = ["# int8 sync compression against fp32 (issue 18)", "",
+    L = ["# int8 and int4 sync compression against fp32 (issue 18)", "",
          f"tiny preset, Brown corpus, edit, batch {a.batch} x seq {a.seq} per worker, warm-up {a.warmup}, "
          f"tau {a.tau}, block 256; one run each on a shared 2-core machine "
          f"({datetime.datetime.now():%Y-%m-%d %H:%M}). `python3 bench/compression.py`.", "",
          "## Bytes per rank per sync round (sync group) and validation loss at equal tokens", "",
-         "| layout | steps | syncs | bytes/round none | bytes/round int8 | int8/none | val loss none | val loss int8 | diff |",
-         "|---|---|---|---|---|---|---|---|---|"]
-    for layout, none, int8, br, dl in rows:
-        L.append(f"| {layout} | {a.steps} | {none['syncs']} | {br['none']:,.0f} | {br['int8']:,.0f} | "
-                 f"{100 * br['int8'] / br['none']:.1f}% | {none['val_loss']:.4f} | {int8['val_loss']:.4f} | "
-                 f"{100 * dl:+.2f}% |")
+         "| layout | steps | syncs | codec | bytes/round | of none | val loss | diff from none |",
+         "|---|---|---|---|---|---|---|---|"]
+    for layout, runs, br in rows:
+        none = runs["none"]
+        for c in CODECS:
+            r = runs[c]
+            dl = (r["val_loss"] - none["val_loss"]) / none["val_loss"]
+            L.append(f"| {layout} | {a.steps} | {r['syncs']} | {c} | {br[c]:,.0f} | {100 * br[c] / br['none']:.1f}% | "
+                     f"{r['val_loss']:.4f} | {100 * dl:+.2f}% |")
     L += ["", "Targets (issue 18): int8 bytes <= 30% of none; validation loss within 0.5%.", ""]
     L += ["## 20 Mbit/s replica link (4x1, bench/run.py's netns + tbf)", ""]
     if isinstance(link, dict):
-        n, i = link["none"], link["int8"]
         L += [f"Measured link: {link['mbit']:.1f} Mbit/s. {a.link_steps} steps per replica.", "",
-              "| compression | blocked (whole run) | blocked after warm-up | steady tok/s | tok/s (whole run) | val loss | syncs |",
-              "|---|---|---|---|---|---|---|"]
-        for name, r in (("none", n), ("int8", i)):
+              "| codec | blocked (whole run) | blocked after warm-up | steady tok/s | of none | tok/s (whole run) | val loss | syncs |",
+              "|---|---|---|---|---|---|---|---|"]
+        n = link["none"]
+        for c in CODECS:
+            r = link[c]
             bs = r.get("blocked_steady_frac")
-            L.append(f"| {name} | {100 * r['blocked_frac']:.1f}% | {'-' if bs is None else f'{100 * bs:.1f}%'} | "
-                     f"{fmt(r.get('tps_steady'), 0)} | {r['tps']:.0f} | {r['val_loss']:.4f} | {r['syncs']} |")
-        if n.get("tps_steady") and i.get("tps_steady"):
-            L += ["", f"int8 / none steady tokens/s: {i['tps_steady'] / n['tps_steady']:.2f}x. "
-                  "Targets: int8 blocked <= 20%, steady tokens/s >= 1.5x none."]
+            ratio = r["tps_steady"] / n["tps_steady"] if r.get("tps_steady") and n.get("tps_steady") else None
+            L.append(f"| {c} | {100 * r['blocked_frac']:.1f}% | {'-' if bs is None else f'{100 * bs:.1f}%'} | "
+                     f"{fmt(r.get('tps_steady'), 0)} | {'-' if ratio is None else f'{ratio:.2f}x'} | {r['tps']:.0f} | "
+                     f"{r['val_loss']:.4f} | {r['syncs']} |")
+        L += ["", "Targets (issue 18, int8): blocked <= 20%, steady tokens/s >= 1.5x none."]
     else:
         L.append(f"Not run: {link or '--no-link'}.")
     with open(os.path.join(out, "compression.md"), "w") as f:

@@ -34,7 +34,7 @@ const std::vector<std::string> kModes = modeNames();
 const std::vector<std::string> kBackends = {"auto", "gloo", "nccl"};
 const std::vector<std::string> kRecoveryModes = {"inPlace", "exit"};
 const std::vector<std::string> kWeightings = {"raw", "median"};
-const std::vector<std::string> kCompressions = {"none", "int8"};
+const std::vector<std::string> kCompressions = {"none", "int8", "int4"};
 const std::vector<std::string> kCorruptKinds = {"noise", "pseudoGradient"};
 
 enum class Kind { I64, I32, U64, F64, Bool, Str };
@@ -337,11 +337,11 @@ std::vector<Field> fieldsOf(Config& c) {
   B("algorithm.offloadOuterState", a.offloadOuterState,
     "Keep outer weights and momentum in host memory (GPU only).");
   S("algorithm.syncCompression", a.syncCompression, oneOf(kCompressions),
-    "Pseudo-gradients exchanged in the sync group: none (fp32) or int8 (per-block absmax scaling "
-    "with error feedback; about a quarter of the bytes at 2 replicas, half at 4). For slow links "
-    "between replicas.");
+    "Pseudo-gradients exchanged in the sync group: none (fp32), int8 or int4 (per-block absmax "
+    "scaling with error feedback; about 26% or 13% of the fp32 bytes at any number of replicas). "
+    "For slow links between replicas.");
   I("algorithm.compressionBlock", a.compressionBlock, ints(16, 1 << 20),
-    "int8 only - elements per scale (one fp32 scale per block).");
+    "int8/int4 only - elements per scale (one fp32 scale per block).");
   auto& k = c.checkpoint;
   S("checkpoint.dir", k.dir, str(kMaxPath),
     "Checkpoint directory; empty disables checkpoints unless pvc is set. A relative "

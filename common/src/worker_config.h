@@ -90,9 +90,10 @@ struct AlgorithmConfig {
   bool prefetch = true;       // overlap unit l+1's sync/all-gather with unit l's compute
   bool offloadOuterState = false;  // keep outer weights + momentum in host memory (GPU only)
   // Pseudo-gradients exchanged in the sync group as fp32 ("none") or as per-block absmax
-  // int8 with error feedback ("int8"): docs/algorithm.md, "Compressed synchronization".
+  // int8 or int4 with error feedback ("int8", "int4"): docs/algorithm.md, "Compressed
+  // synchronization".
   std::string syncCompression = "none";
-  int64_t compressionBlock = 256;  // elements per int8 scale
+  int64_t compressionBlock = 256;  // elements per scale (int8/int4)
 };
 
 struct CheckpointConfig {

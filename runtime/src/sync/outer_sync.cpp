@@ -16,7 +16,7 @@ SyncSettings syncSettingsFor(const AlgorithmConfig& a) {
   s.momentum = a.outer.momentum >= 0 ? a.outer.momentum : mode.outerMomentum;
   s.nesterov = a.outer.nesterov;
   s.stepShare = mode.stepShareWeights && a.penalty.stepShare > 0;
-  s.int8 = a.syncCompression == "int8";
+  s.codec = Codec::of(a.syncCompression);
   s.block = a.compressionBlock;
   if (!mode.penalty) {
     // Baselines: plain averaging of pseudo-gradients, no penalty.
@@ -75,27 +75,27 @@ static void judge(Comm& comm, EwmaDetector& detector, const SyncSettings& s, dou
 }
 
 // The length of the part of a slice of n elements that sync rank `rank` of M owns in the
-// int8 reduce-scatter (the size of its OuterUnit::averageResidual).
+// compressed reduce-scatter (the size of its OuterUnit::averageResidual).
 int64_t ownedPartLength(int64_t n, int64_t block, int M, int rank) {
   return SlicePartition{n, block, M}.length(rank);
 }
 
-// A round with algorithm.syncCompression int8 (docs/algorithm.md, "Compressed
+// A round with algorithm.syncCompression int8 or int4 (docs/algorithm.md, "Compressed
 // synchronization"). D holds this rank's pseudo-gradient on entry and, on return, the
 // weighted average of every replica's dequantized one; false when every replica was
-// dropped (the round skips the unit). Gloo has no int8 sum, so the all-reduce becomes an
-// int8 reduce-scatter and all-gather: the slice is cut into M parts; each rank sends part
+// dropped (the round skips the unit). Gloo has no int8 sum, so the all-reduce becomes a
+// quantized reduce-scatter and all-gather: the slice is cut into M parts; each rank sends part
 // c, quantized, with its (norm, steps), to sync rank c (all-to-all); rank c averages its
 // part over the replicas in fp32 in replica order, requantizes the average (with its own
 // error feedback) and all-gathers it. Every rank dequantizes the same gathered bytes, so
 // the replicas' outer slices agree bit for bit.
-static bool averageInt8(Comm& comm, torch::Tensor& D, torch::Tensor& residual, torch::Tensor& averageResidual,
+static bool averageCompressed(Comm& comm, torch::Tensor& D, torch::Tensor& residual, torch::Tensor& averageResidual,
                         EwmaDetector& detector, const SyncSettings& s, double stepsSinceSync, UnitSyncResult& r) {
   const int M = comm.size(Group::Sync), me = comm.rankIn(Group::Sync);
   const double inf = std::numeric_limits<double>::infinity();
   D.add_(residual);  // error feedback: what earlier rounds' quantization did not send
   const SlicePartition parts{D.numel(), s.block, M};
-  const Int8Record rec{parts.maxLength(), s.block};
+  const QuantRecord rec{parts.maxLength(), s.block, s.codec};
   const int64_t R = rec.bytes();
   auto sent = torch::zeros({M * R}, D.options().dtype(torch::kUInt8));
   auto received = torch::empty_like(sent);
@@ -107,15 +107,12 @@ static bool averageInt8(Comm& comm, torch::Tensor& D, torch::Tensor& residual, t
   // found before anything is scaled; the whole slice then goes out as zeros.
   bool finite = true;
   for (int c = 0; c < M; ++c) {
-    const int64_t len = parts.length(c);
-    if (len > 0) finite &= quantizeInt8(part(D, c), s.block, rec.values(record(sent, c), len),
-                                        rec.scales(record(sent, c), len));
+    if (parts.length(c) > 0) finite &= rec.encode(part(D, c), record(sent, c));
   }
   if (!finite) sent.zero_();
   auto Dq = torch::empty_like(D);
   for (int c = 0; c < M; ++c) {
-    const int64_t len = parts.length(c);
-    if (len > 0) dequantizeInt8(rec.values(record(sent, c), len), rec.scales(record(sent, c), len), s.block, part(Dq, c));
+    if (parts.length(c) > 0) rec.decode(record(sent, c), part(Dq, c));
   }
   // The penalty judges what the others receive: the dequantized values.
   if (s.penaltyOn()) {
@@ -153,30 +150,27 @@ static bool averageInt8(Comm& comm, torch::Tensor& D, torch::Tensor& residual, t
   // The owned part: A = sum_m w_m D'_m in fp32, replica order, each term rounded to fp32
   // before it is added (docs/algorithm.md: the order the reference repeats).
   const int64_t own = parts.length(me);
-  const Int8Record out{parts.maxLength(), s.block, /*withHeader=*/false};
+  const QuantRecord out{parts.maxLength(), s.block, s.codec, /*withHeader=*/false};
   const int64_t O = out.bytes();
   auto gathered = sent.narrow(0, 0, M * O);  // the outgoing records are spent: reuse them
   if (own > 0) {
     auto A = torch::zeros({own}, D.options()), term = torch::empty_like(A);
     for (int m = 0; m < M; ++m) {
       if (w[m] == 0) continue;
-      auto in = record(received, m);
-      dequantizeInt8(rec.values(in, own), rec.scales(in, own), s.block, term);
+      rec.decode(record(received, m), term);
       A.add_(term.mul_(w[m]));
     }
     A.add_(averageResidual);
     auto mine = gathered.narrow(0, me * O, O);
     auto Aq = torch::empty_like(A);
-    if (quantizeInt8(A, s.block, out.values(mine, own), out.scales(mine, own))) {
-      dequantizeInt8(out.values(mine, own), out.scales(mine, own), s.block, Aq);
+    if (out.encode(A, mine)) {
+      out.decode(mine, Aq);
       torch::sub_out(averageResidual, A, Aq);
     }  // not finite (an fp32 overflow): zeros go out, the residual is kept
   }
   comm.allgatherInto(Group::Sync, gathered.narrow(0, me * O, O), gathered);
   for (int c = 0; c < M; ++c) {
-    const int64_t len = parts.length(c);
-    auto in = gathered.narrow(0, c * O, O);
-    if (len > 0) dequantizeInt8(out.values(in, len), out.scales(in, len), s.block, part(D, c));
+    if (parts.length(c) > 0) out.decode(gathered.narrow(0, c * O, O), part(D, c));
   }
   return true;
 }
@@ -192,10 +186,10 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& 
   // the inner step and the next backward, and this saves a [chunk] buffer per unit.
   auto D = torch::sub_out(unit.gradSlice, outer, unit.slice);
 
-  if (s.int8) {
+  if (s.codec.on()) {
     auto residual = offloaded ? o.residual.to(unit.slice.device(), true) : o.residual;
     auto averageResidual = offloaded ? o.averageResidual.to(unit.slice.device(), true) : o.averageResidual;
-    const bool averaged = averageInt8(comm, D, residual, averageResidual, detector, s, stepsSinceSync, r);
+    const bool averaged = averageCompressed(comm, D, residual, averageResidual, detector, s, stepsSinceSync, r);
     if (offloaded) {
       o.residual.copy_(residual);
       o.averageResidual.copy_(averageResidual);

@@ -14,6 +14,7 @@
 #include "modes.h"
 #include "worker_config.h"
 #include "dist/flat_units.h"
+#include "sync/compression.h"
 #include "sync/penalty.h"
 
 namespace edit {
@@ -21,12 +22,12 @@ namespace edit {
 struct OuterUnit {
   torch::Tensor outer;     // [chunk] outer (global) weights
   torch::Tensor momentum;  // [chunk] Nesterov buffer
-  // [chunk] error feedback of algorithm.syncCompression int8: what quantization has not
+  // [chunk] error feedback of algorithm.syncCompression int8/int4: what quantization has not
   // sent yet of this rank's pseudo-gradient (undefined without compression). Per rank,
   // not shared by the sync group like the two above.
   torch::Tensor residual;
   // [part] error feedback of the averaged pseudo-gradient of the part of the slice this
-  // rank owns in the int8 reduce-scatter (SlicePartition part rankIn(Sync)): what
+  // rank owns in the compressed reduce-scatter (SlicePartition part rankIn(Sync)): what
   // requantizing the average for the all-gather has not sent yet. Also per rank.
   torch::Tensor averageResidual;
   // With algorithm.offloadOuterState on a GPU all live in pinned host memory and visit
@@ -38,7 +39,7 @@ struct SyncSettings {
   double lr = 0.7, momentum = 0.8;
   bool nesterov = true;
   bool stepShare = false;  // A-EDiT: blend the replicas' share of steps into the weights
-  bool int8 = false;       // algorithm.syncCompression int8 (OuterUnit::residual defined)
+  Codec codec{0};          // algorithm.syncCompression (on: the OuterUnit residuals are defined)
   int64_t block = 256;     // algorithm.compressionBlock
   // Any part of the penalty on. Off (the baselines): a plain average, no norms computed,
   // so none of the penalty's collectives run; NaN/Inf is then not caught either.
@@ -62,7 +63,7 @@ struct UnitSyncResult {
 UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& outer, EwmaDetector& detector,
                         const SyncSettings& s, double stepsSinceSync);
 
-// algorithm.syncCompression int8: the length of the part of a slice of n elements that
+// algorithm.syncCompression int8/int4: the length of the part of a slice of n elements that
 // sync rank `rank` of M owns (averages and all-gathers), i.e. of its averageResidual.
 int64_t ownedPartLength(int64_t n, int64_t block, int M, int rank);
 

@@ -143,7 +143,7 @@ void Trainer::initOuter() {
   for (auto& u : units_) {
     auto outer = offload ? u.slice.to(torch::kCPU).pin_memory() : u.slice.clone();
     outer_.push_back({outer, torch::zeros_like(outer)});
-    if (sync_.int8) {
+    if (sync_.codec.on()) {
       outer_.back().residual = torch::zeros_like(outer);
       outer_.back().averageResidual = torch::zeros(
           {ownedPartLength(outer.numel(), sync_.block, mesh_.replicas, mesh_.rank / mesh_.shards)}, outer.options());

@@ -117,10 +117,10 @@ bool Trainer::tryResume() {
       auto e = t.at(k + "ewma");
       detectors_[u] = {e[0].item<double>(), e[1].item<double>(), static_cast<int64_t>(e[2].item<double>())};
       if (outerReady_) outer_.push_back({t.at(k + "outer").clone(), t.at(k + "momentum").clone()});
-      // The error feedback of int8 compression. Without one in the file (compression
+      // The error feedback of int8/int4 compression. Without one in the file (compression
       // switched on at this resume) it starts at zero, as at the first compressed round;
       // one in the file that this run does not compress with is dropped.
-      if (outerReady_ && sync_.int8) {
+      if (outerReady_ && sync_.codec.on()) {
         const bool has = t.count(k + "residual") > 0;
         residualsFound += has;
         outer_.back().residual = has ? t.at(k + "residual").clone() : torch::zeros_like(outer_.back().outer);
@@ -132,10 +132,10 @@ bool Trainer::tryResume() {
             hasAvg ? t.at(k + "averageResidual").clone() : torch::zeros({own}, outer_.back().outer.options());
       }
     }
-    if (outerReady_ && sync_.int8 && residualsFound == 0)
-      log("checkpoint " + dir + " has no int8 residual (written without algorithm.syncCompression int8): starting from zero");
-    if (outerReady_ && !sync_.int8 && t.count("unit0/residual"))
-      log("checkpoint " + dir + " holds an int8 residual; algorithm.syncCompression is none: dropped");
+    if (outerReady_ && sync_.codec.on() && residualsFound == 0)
+      log("checkpoint " + dir + " has no compression residual (written with algorithm.syncCompression none): starting from zero");
+    if (outerReady_ && !sync_.codec.on() && t.count("unit0/residual"))
+      log("checkpoint " + dir + " holds a compression residual; algorithm.syncCompression is none: dropped");
     // Non-local chunks of the gathered buffers are refreshed by the next all-gather;
     // with one shard the slice is the whole buffer.
     lastSyncTime_ = nowSeconds();

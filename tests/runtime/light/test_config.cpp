@@ -426,7 +426,8 @@ TEST(Config, SyncCompression) {
   EXPECT_EQ(c.algorithm.syncCompression, "int8");
   EXPECT_EQ(c.algorithm.compressionBlock, 64);
   EXPECT_NE(edit::toYaml(c).find("syncCompression: \"int8\""), std::string::npos);
-  EXPECT_NE(errorOf("algorithm: {syncCompression: int4}").find("algorithm.syncCompression: must be one of none, int8"),
+  EXPECT_EQ(edit::parseConfig("algorithm: {syncCompression: int4}").algorithm.syncCompression, "int4");
+  EXPECT_NE(errorOf("algorithm: {syncCompression: int2}").find("algorithm.syncCompression: must be one of none, int8, int4"),
             std::string::npos);
   EXPECT_NE(errorOf("algorithm: {compressionBlock: 8}").find("algorithm.compressionBlock: must be an integer in [16, 1048576]"),
             std::string::npos);

@@ -1,4 +1,4 @@
-// An independent reference of int8 compression with error feedback, written from
+// An independent reference of int8/int4 compression with error feedback, written from
 // docs/algorithm.md ("Compressed synchronization") in plain loops. It calls no runtime
 // code (no compression.h, no LibTorch): scales and quotients are computed in float, as
 // the page specifies, so the quantized values match the runtime's bit for bit.
@@ -18,7 +18,8 @@ struct Quantized {
   bool finite = true;         // false: a NaN or Inf, nothing quantized
 };
 
-inline Quantized quantize(const std::vector<float>& x, int64_t block) {
+// levels: 127 for int8, 7 for int4.
+inline Quantized quantize(const std::vector<float>& x, int64_t block, int levels = 127) {
   Quantized out;
   const int64_t n = static_cast<int64_t>(x.size());
   out.q.assign(n, 0);
@@ -28,12 +29,12 @@ inline Quantized quantize(const std::vector<float>& x, int64_t block) {
       if (!std::isfinite(x[i])) out.finite = false;
       amax = std::max(amax, std::fabs(x[i]));
     }
-    const float scale = amax / 127.0f;
+    const float scale = amax / static_cast<float>(levels);
     out.scales.push_back(scale);
     if (scale == 0) continue;
     for (int64_t i = b; i < std::min(n, b + block); ++i) {
       const float v = std::nearbyint(x[i] / scale);  // round half to even
-      out.q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+      out.q[i] = static_cast<int8_t>(std::clamp(v, -float(levels), float(levels)));
     }
   }
   if (!out.finite) {
@@ -52,10 +53,10 @@ inline std::vector<float> dequantize(const Quantized& z, int64_t block) {
 // One replica's slice through one compressed round with error feedback: what it sends
 // (dequantized) given its pseudo-gradient d; `residual` carries over to the next round.
 inline std::vector<float> sendWithFeedback(const std::vector<float>& d, std::vector<float>& residual,
-                                           int64_t block) {
+                                           int64_t block, int levels = 127) {
   std::vector<float> x(d.size());
   for (size_t i = 0; i < d.size(); ++i) x[i] = d[i] + residual[i];
-  const auto sent = dequantize(quantize(x, block), block);
+  const auto sent = dequantize(quantize(x, block, levels), block);
   for (size_t i = 0; i < d.size(); ++i) residual[i] = x[i] - sent[i];
   return sent;
 }
@@ -72,7 +73,7 @@ inline std::pair<int64_t, int64_t> partRange(int64_t n, int64_t block, int M, in
 // weight 0 left out), then sent on, requantized with the owner's own error feedback.
 // sent[m]: replica m's dequantized part. Returns what every rank of the group receives.
 inline std::vector<float> averageAndSend(const std::vector<std::vector<float>>& sent, const std::vector<double>& w,
-                                         std::vector<float>& residual, int64_t block) {
+                                         std::vector<float>& residual, int64_t block, int levels = 127) {
   std::vector<float> a(residual.size(), 0.0f);
   for (size_t m = 0; m < sent.size(); ++m) {
     if (w[m] == 0) continue;
@@ -82,7 +83,19 @@ inline std::vector<float> averageAndSend(const std::vector<std::vector<float>>& 
       a[i] = a[i] + term;
     }
   }
-  return sendWithFeedback(a, residual, block);
+  return sendWithFeedback(a, residual, block, levels);
+}
+
+// int4 on the wire: two values per byte, element 2i in the low nibble and 2i+1 in the
+// high one, each as a 4-bit two's complement number; an odd count leaves the last high
+// nibble 0.
+inline std::vector<uint8_t> packInt4(const std::vector<int8_t>& q) {
+  std::vector<uint8_t> out((q.size() + 1) / 2, 0);
+  for (size_t i = 0; i < q.size(); ++i) {
+    const uint8_t nibble = static_cast<uint8_t>(q[i] < 0 ? q[i] + 16 : q[i]);
+    out[i / 2] |= static_cast<uint8_t>(i % 2 ? nibble << 4 : nibble);
+  }
+  return out;
 }
 
 }  // namespace edit::ref

@@ -1,6 +1,6 @@
-// int8 compression of the sync round (algorithm.syncCompression): the runtime's
-// quantizer against the independent reference in compression_reference.h, its error
-// bound, error feedback conserving the sum over rounds, syncUnit on M x N ranks against
+// int8 and int4 compression of the sync round (algorithm.syncCompression): the runtime's
+// quantizer and int4 packing against the independent reference in
+// compression_reference.h, its error bound, error feedback conserving the sum over rounds, syncUnit on M x N ranks against
 // the reference round (penalty_reference.h on the dequantized values), replicas bit for
 // bit identical, a NaN dropped before it is quantized, and the bytes each rank sends.
 #include <gtest/gtest.h>
@@ -39,27 +39,28 @@ std::vector<float> vecOf(const torch::Tensor& t) {
 TEST(Compression, QuantizeMatchesReferenceWithinHalfAStep) {
   // A tail block shorter than the block, an all-zero block, and blocks whose magnitudes
   // differ by 1e6 (one scale per block keeps the small ones).
-  for (int64_t block : {16, 256}) {
+  for (auto [block, levels] : {std::pair<int64_t, int>{16, 127}, {256, 127}, {16, 7}, {256, 7}}) {
+    SCOPED_TRACE("levels " + std::to_string(levels));
     auto x = randomVec(1000, 3);
     for (int64_t i = 0; i < 16; ++i) x[i] = 0;
     for (int64_t i = 300; i < 600; ++i) x[i] *= 1e-6f;
-    const auto want = ref::quantize(x, block);
+    const auto want = ref::quantize(x, block, levels);
     auto q = torch::empty({1000}, torch::kInt8);
     auto scales = torch::empty({blockCount(1000, block)});
-    ASSERT_TRUE(quantizeInt8(tensorOf(x), block, q, scales));
+    ASSERT_TRUE(quantizeBlocks(tensorOf(x), block, levels, q, scales));
     ASSERT_EQ(scales.numel(), static_cast<int64_t>(want.scales.size()));
     for (size_t b = 0; b < want.scales.size(); ++b) EXPECT_EQ(scales[b].item<float>(), want.scales[b]) << b;
     auto qa = q.accessor<int8_t, 1>();
     for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(qa[i], want.q[i]) << "block " << block << " element " << i;
     auto back = torch::empty({1000});
-    dequantizeInt8(q, scales, block, back);
+    dequantizeBlocks(q, scales, block, back);
     const auto got = vecOf(back);
     EXPECT_EQ(got, ref::dequantize(want, block));
     for (int64_t b = 0; b < 1000; b += block) {
       double amax = 0;
       for (int64_t i = b; i < std::min<int64_t>(1000, b + block); ++i) amax = std::max(amax, std::fabs(double(x[i])));
       for (int64_t i = b; i < std::min<int64_t>(1000, b + block); ++i)
-        EXPECT_LE(std::fabs(double(got[i]) - x[i]), amax / 254 * (1 + 1e-6)) << "block " << block << " element " << i;
+        EXPECT_LE(std::fabs(double(got[i]) - x[i]), amax / (2 * levels) * (1 + 1e-6)) << "block " << block << " element " << i;
     }
   }
 }
@@ -71,7 +72,7 @@ TEST(Compression, NonFiniteIsReportedNotQuantized) {
     EXPECT_FALSE(ref::quantize(x, 32).finite);
     auto q = torch::full({100}, 3, torch::kInt8);
     auto scales = torch::full({4}, 1.0f);
-    EXPECT_FALSE(quantizeInt8(tensorOf(x), 32, q, scales));
+    EXPECT_FALSE(quantizeBlocks(tensorOf(x), 32, 127, q, scales));
     EXPECT_EQ(q.abs().sum().item<int64_t>(), 0);
     EXPECT_EQ(scales.abs().sum().item<float>(), 0.0f);
   }
@@ -154,7 +155,7 @@ void expectMatchesReference(const Scenario& sc, const SyncSettings& s, const ref
         std::vector<std::vector<float>> parts(sc.M);
         for (int m = 0; m < sc.M; ++m)
           for (int64_t i = b; i < e; ++i) parts[m].push_back(static_cast<float>(D[m][sh * chunk + i]));
-        const auto got = ref::averageAndSend(parts, w, ownerResidual[c * sc.N + sh], s.block);
+        const auto got = ref::averageAndSend(parts, w, ownerResidual[c * sc.N + sh], s.block, s.codec.levels());
         for (int64_t i = b; i < e; ++i) avg[sh * chunk + i] = got[i - b];
       }
     return avg;
@@ -163,7 +164,7 @@ void expectMatchesReference(const Scenario& sc, const SyncSettings& s, const ref
     std::vector<std::vector<double>> sent(sc.M, std::vector<double>(sc.P));
     auto next = residual;
     for (int r = 0; r < sc.M * sc.N; ++r) {
-      const auto part = ref::sendWithFeedback(got[k][r].fed, next[r], s.block);
+      const auto part = ref::sendWithFeedback(got[k][r].fed, next[r], s.block, s.codec.levels());
       for (int64_t i = 0; i < chunk; ++i)
         sent[r / sc.N][(r % sc.N) * chunk + i] = part[i];
       bool finite = true;
@@ -246,44 +247,50 @@ Scenario makeScenario(int M, int N, int rounds, const std::function<double(int, 
   return sc;
 }
 
-SyncSettings int8Settings(const std::string& mode) {
+SyncSettings compressedSettings(const std::string& mode, const std::string& codec) {
   AlgorithmConfig a;
   a.mode = mode;
   a.penalty.anomalyWarmup = 4;
-  a.syncCompression = "int8";
+  a.syncCompression = codec;
   a.compressionBlock = 16;
   return syncSettingsFor(a);
 }
 
+const std::vector<std::string> kCodecs = {"int8", "int4"};
+
 TEST(Compression, SyncRoundsMatchReferenceOn2x2And4x1) {
-  for (auto [M, N] : {std::pair{2, 2}, std::pair{4, 1}}) {
-    SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N));
-    // Replica 1's norm x10 at round 7, after the test is armed: dropped, its residual kept.
-    auto sc = makeScenario(M, N, 9, [](int k, int m, double g) { return k == 7 && m == 1 ? 10 * g : g; });
-    const auto s = int8Settings("edit");
-    const auto got = runDistributed(sc, s);
-    std::vector<ref::Round> rounds;
-    expectMatchesReference(sc, s, refParams(s), got, &rounds);
-    EXPECT_TRUE(rounds[7].flagged[1]);
-    for (int k = 0; k < 7; ++k) EXPECT_FALSE(rounds[k].flagged[1]) << k;
-    for (int sh = 0; sh < N; ++sh) EXPECT_EQ(got[7][N + sh].residual, got[6][N + sh].residual);
-  }
+  for (const auto& codec : kCodecs)
+    for (auto [M, N] : {std::pair{2, 2}, std::pair{4, 1}}) {
+      SCOPED_TRACE(codec + " " + std::to_string(M) + "x" + std::to_string(N));
+      // Replica 1's norm x10 at round 7, after the test is armed: dropped, its residual kept.
+      auto sc = makeScenario(M, N, 9, [](int k, int m, double g) { return k == 7 && m == 1 ? 10 * g : g; });
+      const auto s = compressedSettings("edit", codec);
+      const auto got = runDistributed(sc, s);
+      std::vector<ref::Round> rounds;
+      expectMatchesReference(sc, s, refParams(s), got, &rounds);
+      EXPECT_TRUE(rounds[7].flagged[1]);
+      for (int k = 0; k < 7; ++k) EXPECT_FALSE(rounds[k].flagged[1]) << k;
+      for (int sh = 0; sh < N; ++sh) EXPECT_EQ(got[7][N + sh].residual, got[6][N + sh].residual);
+    }
 }
 
 TEST(Compression, NaNIsDroppedBeforeQuantizingAndNeverReachesTheOuterWeights) {
-  const int M = 2, N = 2;
-  auto sc = makeScenario(M, N, 4);
-  sc.D[2][1][3] = std::numeric_limits<double>::quiet_NaN();  // replica 1, shard 0's slice only
-  const auto s = int8Settings("edit");
-  const auto got = runDistributed(sc, s);
-  std::vector<ref::Round> rounds;
-  expectMatchesReference(sc, s, refParams(s), got, &rounds);
-  for (int sh = 0; sh < N; ++sh) {  // the whole replica is dropped, on both its shards
-    EXPECT_TRUE(got[2][N + sh].res.anomaly);
-    EXPECT_EQ(got[2][N + sh].res.weight, 0.0);
-    EXPECT_EQ(got[2][N + sh].residual, got[1][N + sh].residual);
+  for (const auto& codec : kCodecs) {
+    SCOPED_TRACE(codec);
+    const int M = 2, N = 2;
+    auto sc = makeScenario(M, N, 4);
+    sc.D[2][1][3] = std::numeric_limits<double>::quiet_NaN();  // replica 1, shard 0's slice only
+    const auto s = compressedSettings("edit", codec);
+    const auto got = runDistributed(sc, s);
+    std::vector<ref::Round> rounds;
+    expectMatchesReference(sc, s, refParams(s), got, &rounds);
+    for (int sh = 0; sh < N; ++sh) {  // the whole replica is dropped, on both its shards
+      EXPECT_TRUE(got[2][N + sh].res.anomaly);
+      EXPECT_EQ(got[2][N + sh].res.weight, 0.0);
+      EXPECT_EQ(got[2][N + sh].residual, got[1][N + sh].residual);
+    }
+    EXPECT_FALSE(rounds[3].flagged[1]);
   }
-  EXPECT_FALSE(rounds[3].flagged[1]);
 }
 
 TEST(Compression, ErrorFeedbackConservesTheSumOverRounds) {
@@ -291,85 +298,113 @@ TEST(Compression, ErrorFeedbackConservesTheSumOverRounds) {
   // rounds, M x (how far the outer weights moved) + every replica's final residual + M x
   // the owner's residual of the average must equal the sum of every pseudo-gradient fed
   // in. Checked for the reference's sending stage too.
-  const int M = 2, N = 2, K = 20;
-  auto sc = makeScenario(M, N, K);
-  const auto s = int8Settings("localsgd");
-  const auto got = runDistributed(sc, s);
-  const int64_t chunk = sc.P / N;
-  for (int r = 0; r < M * N; ++r) {
-    std::vector<float> res(chunk, 0.0f);
-    std::vector<double> fedSum(chunk, 0.0), refSent(chunk, 0.0);
-    for (int k = 0; k < K; ++k) {
-      const auto part = ref::sendWithFeedback(got[k][r].fed, res, s.block);
-      for (int64_t i = 0; i < chunk; ++i) {
-        fedSum[i] += got[k][r].fed[i];
-        refSent[i] += part[i];
-      }
-    }
-    for (int64_t i = 0; i < chunk; ++i) EXPECT_NEAR(refSent[i] + res[i], fedSum[i], 1e-5) << "reference " << i;
-  }
-  for (int sh = 0; sh < N; ++sh)
-    for (int64_t i = 0; i < chunk; ++i) {
-      double fed = 0, resid = 0;
-      for (int m = 0; m < M; ++m) {
-        for (int k = 0; k < K; ++k) fed += got[k][m * N + sh].fed[i];
-        resid += got[K - 1][m * N + sh].residual[i];
-      }
-      for (int c = 0; c < M; ++c) {  // the owner of element i's part
-        const auto [b, e] = ref::partRange(chunk, s.block, M, c);
-        if (i >= b && i < e) resid += M * got[K - 1][c * N + sh].averageResidual[i - b];
-      }
-      const double moved = static_cast<double>(static_cast<float>(sc.outer0[sh * chunk + i])) - got[K - 1][sh].outer[i];
-      EXPECT_NEAR(M * moved + resid, fed, 1e-4) << "shard " << sh << " element " << i;
-    }
-}
-
-TEST(Compression, BytesSentAreAnInt8ReduceScatterAndAllGather) {
-  for (auto [M, N] : {std::pair{2, 2}, std::pair{4, 1}}) {
-    auto sc = makeScenario(M, N, 3);
-    std::vector<uint64_t> bytes;
-    runDistributed(sc, int8Settings("edit"), &bytes);
+  for (const auto& codec : kCodecs) {
+    SCOPED_TRACE(codec);
+    const int M = 2, N = 2, K = 20;
+    auto sc = makeScenario(M, N, K);
+    const auto s = compressedSettings("localsgd", codec);
+    const auto got = runDistributed(sc, s);
     const int64_t chunk = sc.P / N;
-    // Per round: to each of the (M - 1) other ranks one part's record (16 header bytes,
-    // fp32 scales, int8 values, padded to 8), then the owned part's average to each of
-    // them (no header). Records are sized for the longest part.
-    int64_t longest = 0;
-    for (int c = 0; c < M; ++c) {
-      const auto [b, e] = ref::partRange(chunk, 16, M, c);
-      longest = std::max(longest, e - b);
+    for (int r = 0; r < M * N; ++r) {
+      std::vector<float> res(chunk, 0.0f);
+      std::vector<double> fedSum(chunk, 0.0), refSent(chunk, 0.0);
+      for (int k = 0; k < K; ++k) {
+        const auto part = ref::sendWithFeedback(got[k][r].fed, res, s.block, s.codec.levels());
+        for (int64_t i = 0; i < chunk; ++i) {
+          fedSum[i] += got[k][r].fed[i];
+          refSent[i] += part[i];
+        }
+      }
+      for (int64_t i = 0; i < chunk; ++i) EXPECT_NEAR(refSent[i] + res[i], fedSum[i], 1e-5) << "reference " << i;
     }
-    const int64_t scales = 4 * ((longest + 15) / 16);
-    const uint64_t toOwner = (16 + scales + longest + 7) / 8 * 8, fromOwner = (scales + longest + 7) / 8 * 8;
-    for (int r = 0; r < M * N; ++r)
-      EXPECT_EQ(bytes[r], 3 * (M - 1) * (toOwner + fromOwner)) << M << "x" << N << " rank " << r;
+    for (int sh = 0; sh < N; ++sh)
+      for (int64_t i = 0; i < chunk; ++i) {
+        double fed = 0, resid = 0;
+        for (int m = 0; m < M; ++m) {
+          for (int k = 0; k < K; ++k) fed += got[k][m * N + sh].fed[i];
+          resid += got[K - 1][m * N + sh].residual[i];
+        }
+        for (int c = 0; c < M; ++c) {  // the owner of element i's part
+          const auto [b, e] = ref::partRange(chunk, s.block, M, c);
+          if (i >= b && i < e) resid += M * got[K - 1][c * N + sh].averageResidual[i - b];
+        }
+        const double moved = static_cast<double>(static_cast<float>(sc.outer0[sh * chunk + i])) - got[K - 1][sh].outer[i];
+        EXPECT_NEAR(M * moved + resid, fed, 1e-4) << "shard " << sh << " element " << i;
+      }
   }
 }
 
-TEST(Compression, Int8SendsAtMostThirtyPercentOfTheFp32AllReduce) {
-  // A realistic slice (4096 elements per rank, the default block of 256) at M = 2 and 4.
-  for (auto [M, N] : {std::pair{2, 2}, std::pair{4, 1}}) {
-    Scenario sc;
-    sc.M = M;
-    sc.N = N;
-    sc.P = 4096 * N;
-    sc.block = 256;
-    sc.D.emplace_back();
-    for (int m = 0; m < M; ++m) {
-      const auto v = randomVec(sc.P, 40 + m, 1e-3);
-      sc.D.back().emplace_back(v.begin(), v.end());
+TEST(Compression, BytesSentAreAQuantizedReduceScatterAndAllGather) {
+  for (const auto& codec : kCodecs)
+    for (auto [M, N] : {std::pair{2, 2}, std::pair{4, 1}}) {
+      auto sc = makeScenario(M, N, 3);
+      std::vector<uint64_t> bytes;
+      runDistributed(sc, compressedSettings("edit", codec), &bytes);
+      const int64_t chunk = sc.P / N;
+      // Per round: to each of the (M - 1) other ranks one part's record (16 header bytes,
+      // fp32 scales, the values: a byte each for int8, two per byte for int4, padded to 8),
+      // then the owned part's average to each of them (no header). Records are sized for
+      // the longest part.
+      int64_t longest = 0;
+      for (int c = 0; c < M; ++c) {
+        const auto [b, e] = ref::partRange(chunk, 16, M, c);
+        longest = std::max(longest, e - b);
+      }
+      const int64_t scales = 4 * ((longest + 15) / 16), values = codec == "int8" ? longest : (longest + 1) / 2;
+      const uint64_t toOwner = (16 + scales + values + 7) / 8 * 8, fromOwner = (scales + values + 7) / 8 * 8;
+      for (int r = 0; r < M * N; ++r)
+        EXPECT_EQ(bytes[r], 3 * (M - 1) * (toOwner + fromOwner)) << codec << " " << M << "x" << N << " rank " << r;
     }
-    const auto o = randomVec(sc.P, 8);
-    sc.outer0.assign(o.begin(), o.end());
-    auto s = int8Settings("edit");
-    s.block = 256;
-    std::vector<uint64_t> int8Bytes, fp32Bytes;
-    runDistributed(sc, s, &int8Bytes);
-    s.int8 = false;
-    runDistributed(sc, s, &fp32Bytes);
-    for (int r = 0; r < M * N; ++r) {
-      EXPECT_GT(fp32Bytes[r], 0u);
-      EXPECT_LE(static_cast<double>(int8Bytes[r]) / fp32Bytes[r], 0.30) << M << "x" << N << " rank " << r;
+}
+
+TEST(Compression, SendsAtMostThirtyOrFifteenPercentOfTheFp32AllReduce) {
+  // A realistic slice (4096 elements per rank, the default block of 256) at M = 2 and 4:
+  // int8 <= 30% of fp32's bytes, int4 <= 15%.
+  for (const auto& codec : kCodecs)
+    for (auto [M, N] : {std::pair{2, 2}, std::pair{4, 1}}) {
+      Scenario sc;
+      sc.M = M;
+      sc.N = N;
+      sc.P = 4096 * N;
+      sc.block = 256;
+      sc.D.emplace_back();
+      for (int m = 0; m < M; ++m) {
+        const auto v = randomVec(sc.P, 40 + m, 1e-3);
+        sc.D.back().emplace_back(v.begin(), v.end());
+      }
+      const auto o = randomVec(sc.P, 8);
+      sc.outer0.assign(o.begin(), o.end());
+      auto s = compressedSettings("edit", codec);
+      s.block = 256;
+      std::vector<uint64_t> compressed, fp32;
+      runDistributed(sc, s, &compressed);
+      s.codec = Codec{0};
+      runDistributed(sc, s, &fp32);
+      for (int r = 0; r < M * N; ++r) {
+        EXPECT_GT(fp32[r], 0u);
+        EXPECT_LE(static_cast<double>(compressed[r]) / fp32[r], codec == "int8" ? 0.30 : 0.15)
+            << codec << " " << M << "x" << N << " rank " << r;
+      }
     }
+}
+
+TEST(Compression, Int4PacksTwoValuesPerByteLowNibbleFirst) {
+  for (int64_t n : {1, 2, 7, 64, 1001}) {
+    std::mt19937_64 rng(n);
+    std::uniform_int_distribution<int> u(-7, 7);
+    std::vector<int8_t> q(n);
+    for (auto& v : q) v = static_cast<int8_t>(u(rng));
+    q[0] = -7;
+    if (n > 1) q[1] = 7;
+    const auto want = ref::packInt4(q);
+    auto qt = torch::from_blob(q.data(), {n}, torch::kInt8).clone();
+    auto bytes = torch::empty({(n + 1) / 2}, torch::kUInt8);
+    packInt4(qt, bytes);
+    auto ba = bytes.accessor<uint8_t, 1>();
+    for (int64_t i = 0; i < bytes.numel(); ++i) ASSERT_EQ(ba[i], want[i]) << "n " << n << " byte " << i;
+    auto back = torch::empty({n}, torch::kInt8);
+    unpackInt4(bytes, back);
+    EXPECT_TRUE(torch::equal(back, qt)) << "n " << n;
   }
 }
 

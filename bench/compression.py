@@ -27,7 +27,8 @@ CODECS = ["none", "int8", "int4"]
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=360, help="steps per replica of the loss runs (tau 8: 42 syncs)")
-    p.add_argument("--link-steps", type=int, default=96, help="steps of the 20 Mbit/s runs")
+    p.add_argument("--link-rounds", type=int, default=11, help="sync rounds of each 20 Mbit/s run")
+    p.add_argument("--link-taus", default="8,16", help="syncInterval of the 20 Mbit/s runs (16: the runtime's default)")
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--tau", type=int, default=8)
     p.add_argument("--batch", type=int, default=4)
@@ -73,12 +74,12 @@ def sync_bytes(workers):
     return out
 
 
-def one(a, tmp, layout, comp, steps, netns=None):
+def one(a, tmp, layout, comp, steps, netns=None, tau=None):
     base = os.path.join(tmp, f"base-{steps}.yaml")
     base_config(a, base, steps)
     a.base_config = base
-    run_id = f"{layout}-{comp}-{'link20' if netns else 'normal'}"
-    sets = [f"algorithm.syncCompression={comp}"]
+    run_id = f"{layout}-{comp}-{'link20' if netns else 'normal'}" + (f"-tau{tau}" if tau else "")
+    sets = [f"algorithm.syncCompression={comp}"] + ([f"algorithm.syncInterval={tau}"] if tau else [])
     log(f"run {run_id}")
     workers, wall = run.launch(a, tmp, run_id, layout, sets, netns=netns, timeout=3600)
     cfg = dict(mode="edit", warmup=a.warmup, tokens_per_step=a.batch * a.seq)
@@ -135,11 +136,14 @@ def main(argv):
             try:
                 ns.setup(4, "20mbit")
                 mbit = ns.measure(2.0)
-                link = {c: one(a, tmp, "4x1", c, a.link_steps, ns) for c in CODECS}
+                link = {}
+                for tau in [int(t) for t in a.link_taus.split(",") if t]:
+                    steps = a.warmup + a.link_rounds * tau
+                    link[tau] = {c: one(a, tmp, "4x1", c, steps, ns, tau) for c in CODECS}
             finally:
                 ns.teardown()
-            link["mbit"] = mbit
-            results["runs"]["4x1 link20"] = link
+            results["runs"]["4x1 link20"] = {"mbit": mbit, "by_tau": link}
+            link = {"mbit": mbit, "by_tau": link}
 
     with open(os.path.join(out, "compression.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
@@ -160,17 +164,19 @@ def main(argv):
     L += ["", "Targets (issue 18): int8 bytes <= 30% of none; validation loss within 0.5%.", ""]
     L += ["## 20 Mbit/s replica link (4x1, bench/run.py's netns + tbf)", ""]
     if isinstance(link, dict):
-        L += [f"Measured link: {link['mbit']:.1f} Mbit/s. {a.link_steps} steps per replica.", "",
-              "| codec | blocked (whole run) | blocked after warm-up | steady tok/s | of none | tok/s (whole run) | val loss | syncs |",
-              "|---|---|---|---|---|---|---|---|"]
-        n = link["none"]
-        for c in CODECS:
-            r = link[c]
-            bs = r.get("blocked_steady_frac")
-            ratio = r["tps_steady"] / n["tps_steady"] if r.get("tps_steady") and n.get("tps_steady") else None
-            L.append(f"| {c} | {100 * r['blocked_frac']:.1f}% | {'-' if bs is None else f'{100 * bs:.1f}%'} | "
-                     f"{fmt(r.get('tps_steady'), 0)} | {'-' if ratio is None else f'{ratio:.2f}x'} | {r['tps']:.0f} | "
-                     f"{r['val_loss']:.4f} | {r['syncs']} |")
+        L += [f"Measured link: {link['mbit']:.1f} Mbit/s. {a.link_rounds} sync rounds per run after the "
+              f"{a.warmup}-step warm-up.", "",
+              "| tau | codec | blocked (whole run) | blocked after warm-up | steady tok/s | of none | tok/s (whole run) | val loss | syncs |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for tau, runs in link["by_tau"].items():
+            n = runs["none"]
+            for c in CODECS:
+                r = runs[c]
+                bs = r.get("blocked_steady_frac")
+                ratio = r["tps_steady"] / n["tps_steady"] if r.get("tps_steady") and n.get("tps_steady") else None
+                L.append(f"| {tau} | {c} | {100 * r['blocked_frac']:.1f}% | {'-' if bs is None else f'{100 * bs:.1f}%'} | "
+                         f"{fmt(r.get('tps_steady'), 0)} | {'-' if ratio is None else f'{ratio:.2f}x'} | {r['tps']:.0f} | "
+                         f"{r['val_loss']:.4f} | {r['syncs']} |")
         L += ["", "Targets (issue 18, int8): blocked <= 20%, steady tokens/s >= 1.5x none."]
     else:
         L.append(f"Not run: {link or '--no-link'}.")

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -307,8 +308,14 @@ bool spawn(Worker& w, const Options& o, const std::string& bin, int port, const 
     std::perror("edit-run: pipe");
     return false;
   }
+  const pid_t launcher = ::getpid();
   pid_t pid = ::fork();
   if (pid == 0) {
+    // edit-run killed, even with SIGKILL: the workers get SIGTERM (checkpoint and exit)
+    // instead of training on as orphans (the signal follows the forking thread: edit-run
+    // spawns from its only thread). Checked again in case it died before the prctl.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != launcher) ::_exit(1);
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
     ::close(out[0]);

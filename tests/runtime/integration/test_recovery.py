@@ -268,9 +268,22 @@ class StoreConnections(unittest.TestCase):
         finally:
             p.kill()
             p.communicate()
+        # A SIGKILLed edit-run leaves no workers behind: they get SIGTERM and stop.
+        deadline = time.monotonic() + 120
+        while any(os.path.exists(f"/proc/{pid}") and not zombie(pid) for pid in pids):
+            self.assertLess(time.monotonic(), deadline, f"workers {pids} outlived a SIGKILLed edit-run")
+            time.sleep(0.2)
         self.assertEqual(served, 1, "rank 0 does not listen on MASTER_PORT")
         for r in (0, 1, 2, 3):
             self.assertEqual(held[r], 0, f"rank {r} keeps {held[r]} connection(s) to the store: {held}")
+
+
+def zombie(pid):
+    """True when process `pid` has exited and waits to be reaped (state Z)."""
+    try:
+        return read_file(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def logged_steps(logs, rank):

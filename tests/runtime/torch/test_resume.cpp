@@ -77,6 +77,12 @@ TEST(Resume, Int8ResidualIsCheckpointed) {
   ASSERT_TRUE(saved.count("unit0/residual"));
   EXPECT_GT(saved.at("unit0/residual").abs().max().item<double>(), 0.0);
   EXPECT_EQ(saved.at("unit0/residual").numel(), saved.at("unit0/outer").numel());
+  // And the residual of the average of the part this rank owns (sync rank 1 of 2: the
+  // second half of the slice's blocks).
+  ASSERT_TRUE(saved.count("unit0/averageResidual"));
+  EXPECT_GT(saved.at("unit0/averageResidual").abs().max().item<double>(), 0.0);
+  EXPECT_EQ(saved.at("unit0/averageResidual").numel(),
+            ownedPartLength(saved.at("unit0/outer").numel(), c.algorithm.compressionBlock, 2, 1));
   std::vector<TrainResult> second;
   const auto resumed = train(c, 2, 2, nullptr, &second);
   for (auto& r : second) EXPECT_EQ(r.resumedFrom, 9);

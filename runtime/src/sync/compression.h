@@ -22,7 +22,9 @@ inline int64_t blockCount(int64_t n, int64_t block) { return (n + block - 1) / b
 // The codec of algorithm.syncCompression: 8 or 4 bits per value (0: none).
 struct Codec {
   int bits = 8;
-  static Codec of(const std::string& syncCompression) { return {syncCompression == "int4" ? 4 : syncCompression == "int8" ? 8 : 0}; }
+  static Codec of(const std::string& syncCompression) {
+    return {syncCompression == "int4" ? 4 : syncCompression == "int8" ? 8 : 0};
+  }
   bool on() const { return bits > 0; }
   int levels() const { return bits == 4 ? 7 : 127; }
   int64_t valueBytes(int64_t n) const { return bits == 4 ? (n + 1) / 2 : n; }
@@ -39,7 +41,7 @@ void dequantizeBlocks(const torch::Tensor& q, const torch::Tensor& scales, int64
 void packInt4(const torch::Tensor& q, const torch::Tensor& bytes);
 void unpackInt4(const torch::Tensor& bytes, const torch::Tensor& q);
 
-// The M parts a rank's slice is split into for the int8 reduce-scatter: part c (owned by
+// The M parts a rank's slice is split into for the compressed reduce-scatter: part c (owned by
 // sync rank c) is whole blocks [c*per, (c+1)*per) clipped to the slice, per =
 // ceil(blocks / M). Parts start on block boundaries, so quantizing part by part gives the
 // same bytes as quantizing the whole slice; trailing parts may be short or empty.

@@ -84,13 +84,14 @@ int64_t ownedPartLength(int64_t n, int64_t block, int M, int rank) {
 // synchronization"). D holds this rank's pseudo-gradient on entry and, on return, the
 // weighted average of every replica's dequantized one; false when every replica was
 // dropped (the round skips the unit). Gloo has no int8 sum, so the all-reduce becomes a
-// quantized reduce-scatter and all-gather: the slice is cut into M parts; each rank sends part
-// c, quantized, with its (norm, steps), to sync rank c (all-to-all); rank c averages its
-// part over the replicas in fp32 in replica order, requantizes the average (with its own
-// error feedback) and all-gathers it. Every rank dequantizes the same gathered bytes, so
+// quantized reduce-scatter and all-gather: the slice is cut into M parts; each rank sends
+// part c, quantized, with its (norm, steps), to sync rank c (all-to-all); rank c averages
+// its part over the replicas in fp32 in replica order, requantizes the average (with its
+// own error feedback) and all-gathers it. Every rank dequantizes the same gathered bytes, so
 // the replicas' outer slices agree bit for bit.
-static bool averageCompressed(Comm& comm, torch::Tensor& D, torch::Tensor& residual, torch::Tensor& averageResidual,
-                        EwmaDetector& detector, const SyncSettings& s, double stepsSinceSync, UnitSyncResult& r) {
+static bool averageCompressed(Comm& comm, torch::Tensor& D, torch::Tensor& residual,
+                              torch::Tensor& averageResidual, EwmaDetector& detector, const SyncSettings& s,
+                              double stepsSinceSync, UnitSyncResult& r) {
   const int M = comm.size(Group::Sync), me = comm.rankIn(Group::Sync);
   const double inf = std::numeric_limits<double>::infinity();
   D.add_(residual);  // error feedback: what earlier rounds' quantization did not send

@@ -8,7 +8,7 @@
 // All collectives go through Comm, which counts bytes sent and time the caller was
 // blocked, per (op, group). Bytes are those of a bandwidth-optimal ring algorithm for the
 // op (what NCCL/Gloo's ring sends): allgather (n-1)*chunk, reduce-scatter (n-1)/n*S,
-// allreduce 2(n-1)/n*S.
+// allreduce 2(n-1)/n*S; alltoall (n-1)/n*S (the chunks that leave the rank).
 #pragma once
 
 #include <torch/torch.h>

@@ -21,7 +21,7 @@ inline int64_t blockCount(int64_t n, int64_t block) { return (n + block - 1) / b
 
 // The codec of algorithm.syncCompression: 8 or 4 bits per value (0: none).
 struct Codec {
-  int bits = 8;
+  int bits = 0;
   static Codec of(const std::string& syncCompression) {
     return {syncCompression == "int4" ? 4 : syncCompression == "int8" ? 8 : 0};
   }

@@ -39,7 +39,7 @@ struct SyncSettings {
   double lr = 0.7, momentum = 0.8;
   bool nesterov = true;
   bool stepShare = false;  // A-EDiT: blend the replicas' share of steps into the weights
-  Codec codec{0};          // algorithm.syncCompression (on: the OuterUnit residuals are defined)
+  Codec codec;             // algorithm.syncCompression (on: the OuterUnit residuals are defined)
   int64_t block = 256;     // algorithm.compressionBlock
   // Any part of the penalty on. Off (the baselines): a plain average, no norms computed,
   // so none of the penalty's collectives run; NaN/Inf is then not caught either.

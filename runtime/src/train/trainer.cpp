@@ -145,8 +145,7 @@ void Trainer::initOuter() {
     outer_.push_back({outer, torch::zeros_like(outer)});
     if (sync_.codec.on()) {
       outer_.back().residual = torch::zeros_like(outer);
-      outer_.back().averageResidual = torch::zeros(
-          {ownedPartLength(outer.numel(), sync_.block, mesh_.replicas, mesh_.rank / mesh_.shards)}, outer.options());
+      outer_.back().averageResidual = torch::zeros({ownedPart(outer.numel())}, outer.options());
     }
   }
   outerReady_ = true;

@@ -130,6 +130,11 @@ class Trainer {
   bool syncDue(int64_t t);
   Control exchangeControl(int64_t t);
   void initOuter();
+  // The length of the part of a unit's slice (n elements) this rank owns in the compressed
+  // sync: the size of its OuterUnit::averageResidual.
+  int64_t ownedPart(int64_t n) const {
+    return ownedPartLength(n, sync_.block, mesh_.replicas, mesh_.rank / mesh_.shards);
+  }
   double trainStep(int64_t t, bool sync, StepOutcome& out);
   void syncWholeModel(StepOutcome& out);
   // ZeRO-3 (flat_units.h): enqueue unit u's all-gather (after its layer-wise sync when

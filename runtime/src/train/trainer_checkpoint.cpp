@@ -126,7 +126,7 @@ bool Trainer::tryResume() {
         outer_.back().residual = has ? t.at(k + "residual").clone() : torch::zeros_like(outer_.back().outer);
         // The owned part's residual, when the file has one of this run's part size (the
         // parts follow the number of replicas and the block); otherwise from zero.
-        const int64_t own = ownedPartLength(outer_.back().outer.numel(), sync_.block, mesh_.replicas, mesh_.rank / mesh_.shards);
+        const int64_t own = ownedPart(outer_.back().outer.numel());
         const bool hasAvg = t.count(k + "averageResidual") && t.at(k + "averageResidual").numel() == own;
         outer_.back().averageResidual =
             hasAvg ? t.at(k + "averageResidual").clone() : torch::zeros({own}, outer_.back().outer.options());

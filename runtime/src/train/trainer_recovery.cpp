@@ -275,9 +275,10 @@ void Trainer::copyAnomalyStats(const std::vector<bool>& survivor, const Recovery
 void Trainer::continueFromRound(int64_t round, int64_t step, int64_t lastCkpt) {
   // Everyone: inner weights := outer weights of `round`, and the clock of that round.
   for (size_t u = 0; u < units_.size(); ++u) units_[u].slice.copy_(outer_[u].outer);
-  // The int8 error feedback (both residuals) restarts at zero on every rank: a survivor's residual belongs
-  // to the round it got to, not necessarily `round`, and a replacement has none. What it
-  // held (at most half a quantization step per element) is dropped (docs/algorithm.md).
+  // The compression's error feedback (both residuals) restarts at zero on every rank: a
+  // survivor's residuals belong to the round it got to, not necessarily `round`, and a
+  // replacement has none. What they held (at most half a quantization step per element)
+  // is dropped (docs/algorithm.md).
   for (auto& o : outer_) {
     if (o.residual.defined()) o.residual.zero_();
     if (o.averageResidual.defined()) o.averageResidual.zero_();

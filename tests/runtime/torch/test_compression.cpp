@@ -82,7 +82,6 @@ TEST(Compression, NonFiniteIsReportedNotQuantized) {
 struct Scenario {
   int M = 2, N = 2;
   int64_t P = 100;
-  int64_t block = 16;
   std::vector<std::vector<std::vector<double>>> D;  // [round][replica][P]
   std::vector<double> outer0;
 };
@@ -366,7 +365,6 @@ TEST(Compression, SendsAtMostThirtyOrFifteenPercentOfTheFp32AllReduce) {
       sc.M = M;
       sc.N = N;
       sc.P = 4096 * N;
-      sc.block = 256;
       sc.D.emplace_back();
       for (int m = 0; m < M; ++m) {
         const auto v = randomVec(sc.P, 40 + m, 1e-3);
@@ -378,7 +376,7 @@ TEST(Compression, SendsAtMostThirtyOrFifteenPercentOfTheFp32AllReduce) {
       s.block = 256;
       std::vector<uint64_t> compressed, fp32;
       runDistributed(sc, s, &compressed);
-      s.codec = Codec{0};
+      s.codec = Codec{};
       runDistributed(sc, s, &fp32);
       for (int r = 0; r < M * N; ++r) {
         EXPECT_GT(fp32[r], 0u);

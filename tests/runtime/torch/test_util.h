@@ -1,9 +1,7 @@
 // Helpers for the in-process multi-rank tests: W ranks as W threads, each with its own
-// TCPStore client and Gloo process groups over loopback.
+// connection to the job's store and Gloo process groups over loopback.
 #pragma once
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>

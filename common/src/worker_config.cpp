@@ -342,6 +342,11 @@ std::vector<Field> fieldsOf(Config& c) {
     "For slow links between replicas.");
   I("algorithm.compressionBlock", a.compressionBlock, ints(16, 1 << 20),
     "int8/int4 only - elements per scale (one fp32 scale per block).");
+  B("algorithm.overlapSync", a.overlapSync,
+    "Exchange each sync round's pseudo-gradients during the next round's local steps and "
+    "apply the outer step one round late, keeping the local progress made meanwhile. Hides "
+    "the exchange on slow links; a checkpoint applies the round in flight first; in-place "
+    "recovery is off (a lost peer means a gang restart). Gloo only.");
   auto& k = c.checkpoint;
   S("checkpoint.dir", k.dir, str(kMaxPath),
     "Checkpoint directory; empty disables checkpoints unless pvc is set. A relative "

@@ -94,6 +94,10 @@ struct AlgorithmConfig {
   // synchronization".
   std::string syncCompression = "none";
   int64_t compressionBlock = 256;  // elements per scale (int8/int4)
+  // Run each sync round's exchange during the next round's local steps and apply its outer
+  // step one round late, keeping the local progress made meanwhile: docs/algorithm.md,
+  // "Overlapped synchronization".
+  bool overlapSync = false;
 };
 
 struct CheckpointConfig {

@@ -56,7 +56,7 @@ int64_t BufferCache::peakLiveBytes() const {
 }
 
 MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool snapshot,
-                      bool reshardAfterForward, int prefetchDepth) {
+                      bool reshardAfterForward, int prefetchDepth, bool overlap) {
   MemoryPlan m;
   int64_t slices = 0, sumPadded = 0, maxPadded = 0;
   for (const auto& u : modelLayout(s)) {
@@ -71,6 +71,7 @@ MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool snap
   m.optimizer = 2 * f * slices;
   m.outer = localMode ? 2 * f * slices : 0;
   m.snapshot = localMode && snapshot ? 2 * f * slices : 0;
+  m.overlap = localMode && overlap ? 2 * f * slices : 0;
   const int64_t inFlight = static_cast<int64_t>(prefetchDepth) + 1;
   if (shards > 1)
     m.buffers = reshardAfterForward ? 2 * inFlight * f * maxPadded : f * sumPadded + inFlight * f * maxPadded;

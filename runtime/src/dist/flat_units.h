@@ -86,12 +86,13 @@ class BufferCache {
 // Activations, LibTorch and the communication library come on top (the bench measures).
 struct MemoryPlan {
   int64_t parameters = 0, gradients = 0, optimizer = 0, outer = 0, snapshot = 0;
+  int64_t overlap = 0;  // algorithm.overlapSync: the round in flight's start point and pseudo-gradient
   int64_t buffers = 0;  // bound on the full-size buffers alive at once
-  int64_t state() const { return parameters + gradients + optimizer + outer + snapshot; }
+  int64_t state() const { return parameters + gradients + optimizer + outer + snapshot + overlap; }
   int64_t total() const { return state() + buffers; }
 };
 MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool snapshot,
-                      bool reshardAfterForward, int prefetchDepth);
+                      bool reshardAfterForward, int prefetchDepth, bool overlap = false);
 
 // Builds the units of the model for shard `shard` of `shards`, initialized
 // deterministically from `seed` (identical on every rank). With shards > 1 the units

@@ -178,27 +178,34 @@ static bool averageCompressed(Comm& comm, torch::Tensor& D, torch::Tensor& resid
 
 UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& detector,
                         const SyncSettings& s, double stepsSinceSync) {
-  UnitSyncResult r;
-  const bool offloaded = o.outer.device() != unit.slice.device();
-  auto outer = offloaded ? o.outer.to(unit.slice.device(), true) : o.outer;
-  auto momentum = offloaded ? o.momentum.to(unit.slice.device(), true) : o.momentum;
-  const int M = comm.size(Group::Sync);
   // 1. pseudo-gradient, written into the gradient slice: the gradient is dead between
   // the inner step and the next backward, and this saves a [chunk] buffer per unit.
-  auto D = torch::sub_out(unit.gradSlice, outer, unit.slice);
+  auto D = torch::sub_out(unit.gradSlice, o.outer.to(unit.slice.device(), true), unit.slice);
+  const UnitSyncResult r = syncPseudoGradient(comm, D, o, detector, s, stepsSinceSync);
+  // 7. theta := theta_outer (unchanged when the round skipped the unit: the local progress
+  // is dropped).
+  unit.slice.copy_(o.outer);
+  return r;
+}
+
+UnitSyncResult syncPseudoGradient(Comm& comm, torch::Tensor& D, OuterUnit& o, EwmaDetector& detector,
+                                  const SyncSettings& s, double stepsSinceSync) {
+  UnitSyncResult r;
+  const bool offloaded = o.outer.device() != D.device();
+  auto outer = offloaded ? o.outer.to(D.device(), true) : o.outer;
+  auto momentum = offloaded ? o.momentum.to(D.device(), true) : o.momentum;
+  const int M = comm.size(Group::Sync);
 
   if (s.codec.on()) {
-    auto residual = offloaded ? o.residual.to(unit.slice.device(), true) : o.residual;
-    auto averageResidual = offloaded ? o.averageResidual.to(unit.slice.device(), true) : o.averageResidual;
+    auto residual = offloaded ? o.residual.to(D.device(), true) : o.residual;
+    auto averageResidual = offloaded ? o.averageResidual.to(D.device(), true) : o.averageResidual;
     const bool averaged = averageCompressed(comm, D, residual, averageResidual, detector, s, stepsSinceSync, r);
     if (offloaded) {
       o.residual.copy_(residual);
       o.averageResidual.copy_(averageResidual);
     }
     if (!averaged) {
-      // Every replica dropped: skip the outer step and drop the local progress.
-      r.skipped = true;
-      unit.slice.copy_(outer);
+      r.skipped = true;  // every replica dropped: no outer step
       return r;
     }
   } else if (!s.penaltyOn()) {
@@ -233,9 +240,7 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& 
     double wsum = 0;
     for (double x : w) wsum += x;
     if (wsum == 0) {
-      // Every replica anomalous: skip the outer step and drop the local progress.
-      r.skipped = true;
-      unit.slice.copy_(outer);
+      r.skipped = true;  // every replica anomalous: no outer step
       return r;
     }
     D.mul_(r.weight);
@@ -252,9 +257,8 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& 
     }
   }
 
-  // 6. outer Nesterov step, 7. theta := theta_outer.
+  // 6. outer Nesterov step.
   outerStep(outer, momentum, D, s.lr, s.momentum, s.nesterov);
-  unit.slice.copy_(outer);
   if (offloaded) {
     o.outer.copy_(outer);
     o.momentum.copy_(momentum);

@@ -60,8 +60,17 @@ struct UnitSyncResult {
   double weight = 0;        // this replica's weight
 };
 
+// One round of a unit: its pseudo-gradient from the local slice, the outer step, and the
+// slice reset to the new outer weights.
 UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& outer, EwmaDetector& detector,
                         const SyncSettings& s, double stepsSinceSync);
+
+// The round's exchange and outer step for a given pseudo-gradient D (this rank's slice,
+// overwritten: scratch): the penalty, the average over the sync group and the outer step
+// update `outer` in place; no local weights are touched (algorithm.overlapSync runs this
+// on its own thread and groups while the next round's local steps go on).
+UnitSyncResult syncPseudoGradient(Comm& comm, torch::Tensor& D, OuterUnit& outer, EwmaDetector& detector,
+                                  const SyncSettings& s, double stepsSinceSync);
 
 // algorithm.syncCompression int8/int4: the length of the part of a slice of n elements that
 // sync rank `rank` of M owns (averages and all-gathers), i.e. of its averageResidual.

@@ -21,7 +21,10 @@ std::atomic<bool> gTerminateRequested{false};
 Trainer::Trainer(Config cfg, MeshSpec mesh, TrainerHooks hooks)
     : cfg_(std::move(cfg)), mode_(modeTraits(cfg_.algorithm.mode)), mesh_(std::move(mesh)), hooks_(std::move(hooks)) {}
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // A round still in flight (an error ended the run) finishes or fails; none starts.
+  if (roundStream_) roundStream_->abort();
+}
 
 void Trainer::log(const std::string& s) {
   if (hooks_.log) hooks_.log(s);
@@ -65,6 +68,16 @@ void Trainer::setup() {
     rendezvous_->join(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
   }
   comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
+  overlap_ = cfg_.algorithm.overlapSync && isLocalMode();
+  if (overlap_) {
+    if (mesh_.backend == "nccl")
+      throw ConfigError("algorithm.overlapSync: runs on Gloo only (its NCCL path has not run yet); set it to "
+                        "false or use runtime.backend gloo");
+    // The rounds in flight get process groups and a thread of their own, so their
+    // collectives never interleave with the step's all-gathers on the shard group.
+    roundComm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix() + "overlap/");
+    roundStream_ = std::make_unique<CommStream>(*roundComm_, mesh_.device);
+  }
   rendezvous_->closeClient();  // the groups are formed (dist/rendezvous.h)
   stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
   units_ = buildUnits(shape_, comm_->shards(), comm_->shard(), cfg_.training.seed, device_);
@@ -74,7 +87,7 @@ void Trainer::setup() {
   // those prefetched, and a gradient being reduced), so a step allocates nothing.
   buffers_ = std::make_unique<BufferCache>(
       torch::TensorOptions().dtype(torch::kFloat32).device(device_), prefetchDepth_ + 2);
-  const bool snapshot = cfg_.runtime.recovery == "inPlace";
+  const bool snapshot = cfg_.runtime.recovery == "inPlace" && !overlap_;
   if (snapshot && isLocalMode() && !cfg_.runtime.recoverySnapshotDir.empty()) {
     try {
       snap_.file = std::make_unique<SnapshotFile>(cfg_.runtime.recoverySnapshotDir);
@@ -84,13 +97,13 @@ void Trainer::setup() {
   }
   // A snapshot on disk is page cache, not this worker's memory.
   memoryPlan_ = planMemory(shape_, comm_->shards(), isLocalMode(), snapshot && !snap_.file,
-                           reshardAfterForward_, prefetchDepth_);
+                           reshardAfterForward_, prefetchDepth_, overlap_);
   if (mesh_.rank == 0) {
     auto mb = [](int64_t b) { return std::to_string((b + 500000) / 1000000) + " MB"; };
     const auto& m = memoryPlan_;
     log("memory per rank (docs/memory.md): state " + mb(m.state()) + " (parameters " + mb(m.parameters) +
         ", gradients " + mb(m.gradients) + ", AdamW " + mb(m.optimizer) + ", outer " + mb(m.outer) +
-        ", recovery snapshot " + mb(m.snapshot) + "), full-size buffers at most " + mb(m.buffers) +
+        ", recovery snapshot " + mb(m.snapshot) + ", overlapped round " + mb(m.overlap) + "), full-size buffers at most " + mb(m.buffers) +
         ", plus activations");
   }
   detectors_.assign(units_.size(), EwmaDetector{});
@@ -233,7 +246,8 @@ void Trainer::corruptIfAsked() {
       u.slice[0] = std::numeric_limits<float>::quiet_NaN();
     } else if (c.kind == "pseudoGradient") {
       // theta := outer - scale (outer - theta): the replica's pseudo-gradient times scale.
-      auto outer = outer_[i].outer.to(u.slice.device());
+      // Overlapped, the round started from base_ (outer_ may be changing on its thread).
+      auto outer = overlap_ && inflight_[i].valid() ? base_[i] : outer_[i].outer.to(u.slice.device());
       u.slice.sub_(outer).mul_(c.scale).add_(outer);
     } else {
       const double rms = u.slice.pow(2).mean().sqrt().item<double>();
@@ -245,14 +259,15 @@ void Trainer::corruptIfAsked() {
       std::to_string(round));
 }
 
-void Trainer::syncWholeModel(StepOutcome& out) {
+void Trainer::syncWholeModel(StepOutcome& out, bool overlapped) {
   // DiLoCo / post-local SGD / the end of training: every unit at the step boundary.
   std::vector<Pending> fs;
   std::vector<UnitSyncResult> res(units_.size());
   const double t0 = nowSeconds();
   for (size_t u = 0; u < units_.size(); ++u)
-    fs.push_back(stream_->enqueue([this, u, &res] {
-      res[u] = syncUnit(*comm_, units_[u], outer_[u], detectors_[u], sync_, stepsSinceSync_);
+    fs.push_back(stream_->enqueue([this, u, &res, overlapped] {
+      res[u] = overlapped ? overlapRound(u)
+                          : syncUnit(*comm_, units_[u], outer_[u], detectors_[u], sync_, stepsSinceSync_);
       ++roundUnitsSynced_;
     }));
   for (auto& f : fs) stream_->wait(f, Group::Sync, "sync");
@@ -272,7 +287,7 @@ Pending Trainer::prepareUnit(size_t u, bool syncFirst, std::vector<UnitSyncResul
     auto& unit = units_[u];
     if (syncFirst) {
       const double t0 = nowSeconds();
-      (*res)[u] = syncUnit(*comm_, unit, outer_[u], detectors_[u], sync_, stepsSinceSync_);
+      (*res)[u] = overlap_ ? overlapRound(u) : syncUnit(*comm_, unit, outer_[u], detectors_[u], sync_, stepsSinceSync_);
       ++roundUnitsSynced_;
       (*syncWork)[u] = nowSeconds() - t0;
     }
@@ -294,7 +309,7 @@ void Trainer::releaseAll() {
 
 double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   const bool layerwise = sync && mode_.layerwise;
-  if (sync && !layerwise) syncWholeModel(out);
+  if (sync && !layerwise) syncWholeModel(out, overlap_);
   const size_t U = units_.size();
   const int N = comm_->shards();
   const bool sharded = N > 1;
@@ -505,7 +520,7 @@ TrainResult Trainer::run() {
   result.syncRounds = syncRounds_;
   result.anomalies = anomalies_;
   result.outerSkips = outerSkips_;
-  result.comm = comm_->counters();
+  result.comm = commCounters();
   result.memory = memoryPlan_;
   return result;
 }
@@ -603,6 +618,7 @@ Trainer::Boundary Trainer::checkpointIfDue(int64_t t) {
 
 void Trainer::endOnBudget(int64_t t) {
   // A-EDiT's budget is spent: end on this synchronization, with no local step after it.
+  drainOverlap();
   StepOutcome out;
   syncWholeModel(out);
   endRound(t);
@@ -636,7 +652,7 @@ void Trainer::recordRound(const StepOutcome& out) {
 
 double Trainer::commWaitSeconds() const {
   double w = 0;
-  for (auto& [k, c] : comm_->counters()) w += c.waitSeconds;
+  for (auto& [k, c] : commCounters()) w += c.waitSeconds;
   return w;
 }
 
@@ -651,7 +667,7 @@ StepReport Trainer::stepReport(int64_t t, double t0, double wait0, double loss, 
   r.loss = loss;
   r.tokens = tokens_;
   r.stepSeconds = nowSeconds() - t0;
-  r.comm = comm_->counters();
+  r.comm = commCounters();
   for (auto& [k, c] : r.comm) r.commWaitSeconds += c.waitSeconds;
   r.computeSeconds = std::max(0.0, r.stepSeconds - (r.commWaitSeconds - wait0));
   r.synced = out.synced;
@@ -670,6 +686,7 @@ void Trainer::finalSync() {
   // Local modes end on synchronized weights: a last whole-model sync if local steps
   // were made since the previous one (A-EDiT's loop already ended on a sync).
   if (!isLocalMode() || !outerReady_ || stepsSinceSync_ == 0 || mode_.clock == SyncClock::Seconds) return;
+  drainOverlap();
   StepOutcome out;
   syncWholeModel(out);
   recordRound(out);

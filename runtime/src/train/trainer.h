@@ -136,7 +136,8 @@ class Trainer {
     return ownedPartLength(n, sync_.block, mesh_.replicas, mesh_.rank / mesh_.shards);
   }
   double trainStep(int64_t t, bool sync, StepOutcome& out);
-  void syncWholeModel(StepOutcome& out);
+  // overlapped: this round's exchange is left in flight (overlapRound), otherwise done now.
+  void syncWholeModel(StepOutcome& out, bool overlapped = false);
   // ZeRO-3 (flat_units.h): enqueue unit u's all-gather (after its layer-wise sync when
   // syncFirst) on the communication stream; release its gathered parameters.
   Pending prepareUnit(size_t u, bool syncFirst, std::vector<UnitSyncResult>* res,
@@ -150,6 +151,15 @@ class Trainer {
   bool tryResume();
   void log(const std::string& s);
   void killIfAsked(int64_t t);
+
+  // algorithm.overlapSync (trainer_overlap.cpp, docs/algorithm.md "Overlapped
+  // synchronization"): unit u's round at a sync step applies the round in flight, rebases
+  // the local weights on the new outer ones and starts this round's exchange; returns the
+  // applied round's result (default: nothing was in flight). drainOverlap applies every
+  // round in flight now (checkpoints, the last sync).
+  UnitSyncResult overlapRound(size_t u);
+  void drainOverlap();
+  CommCounts commCounters() const;  // both communicators' counters
 
   // Sync-round bookkeeping (trainer_rounds.cpp).
   void noteRound(const std::vector<UnitSyncResult>& res, StepOutcome& out);
@@ -230,6 +240,17 @@ class Trainer {
   int64_t skipSyncAt_ = -1;      // the round at this step was already done before a rollback
   int partialTermExchanges_ = 0;  // consecutive control exchanges where some ranks, not all, had SIGTERM
   bool outerLost_ = false;        // a failed state copy left outer_ half written
+
+  // algorithm.overlapSync. Per unit, while its round is in flight: base_ is the local
+  // slice the current round started from (the local progress since is base_ - slice) and
+  // pending_ the pseudo-gradient being exchanged (its average on return). The rounds run
+  // on roundStream_ over roundComm_'s own process groups. Declared last: destroyed first.
+  bool overlap_ = false;
+  std::vector<torch::Tensor> base_, pending_;
+  std::vector<Pending> inflight_;
+  std::vector<UnitSyncResult> inflightResult_;
+  std::unique_ptr<Comm> roundComm_;
+  std::unique_ptr<CommStream> roundStream_;
 };
 
 // Set by edit-train's SIGTERM handler; every Trainer polls it.

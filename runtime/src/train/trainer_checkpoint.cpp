@@ -9,6 +9,9 @@ namespace edit {
 static torch::Tensor scalar(double v) { return torch::full({1}, v, torch::kFloat64); }
 
 void Trainer::saveCheckpoint(int64_t id) {
+  // A checkpoint holds no round in flight: applying it first keeps the format and resume
+  // as they are (the outer weights are then the start point of the current round).
+  drainOverlap();
   torch::NoGradGuard ng;
   const double t0 = nowSeconds();
   const std::string dir = stepDirName(cfg_.checkpoint.dir, id);

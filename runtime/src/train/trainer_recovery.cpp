@@ -47,7 +47,7 @@ void Trainer::beginRound(int64_t t) {
   roundBeginStep_ = t;
   // The snapshot costs one copy of the outer slice in the outer state's memory (host
   // memory with offloadOuterState): only kept when it can be used.
-  if (!outerReady_ || cfg_.runtime.recovery != "inPlace") return;
+  if (!outerReady_ || cfg_.runtime.recovery != "inPlace" || overlap_) return;
   torch::NoGradGuard ng;
   if (snap_.file) {
     snap_.file->save(outer_);
@@ -78,6 +78,7 @@ bool Trainer::recoverInPlace(const PeerLost& e, TrainResult& result) {
   const char* why = cfg_.runtime.recovery != "inPlace" ? " (runtime.recovery=exit)"
                     : !isLocalMode() || !outerReady_   ? " (no outer state yet: synchronous phase)"
                     : mesh_.backend == "nccl"          ? " (not supported with NCCL yet)"
+                    : overlap_                         ? " (not supported with algorithm.overlapSync)"
                                                        : nullptr;
   if (why) {
     log(std::string("peer lost: ") + e.what() + why + "; exiting for a gang restart");

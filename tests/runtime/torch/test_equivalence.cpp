@@ -133,52 +133,93 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
     auto c = t.to(torch::kFloat64).contiguous();
     return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
   };
-  auto doSync = [&] {
+  // One unit's round on the replicas' pseudo-gradients D: the penalty, the (compressed)
+  // average and the outer step update outer[u] and momentum[u].
+  auto roundOf = [&](size_t u, std::vector<std::vector<double>> D) {
+    if (int8) {
+      const int64_t numel = static_cast<int64_t>(D[0].size()), chunk = (numel + N - 1) / N;
+      auto next = residual[u];
+      for (int m = 0; m < M; ++m)
+        for (int sh = 0; sh < N; ++sh) {
+          std::vector<float> part(chunk, 0.0f);
+          for (int64_t i = 0; i < chunk && sh * chunk + i < numel; ++i) part[i] = static_cast<float>(D[m][sh * chunk + i]);
+          const auto sent = ref::sendWithFeedback(part, next[m * N + sh], a.compressionBlock, levels);
+          for (int64_t i = 0; i < chunk && sh * chunk + i < numel; ++i) D[m][sh * chunk + i] = sent[i];
+        }
+      auto average = [&](const std::vector<std::vector<double>>& Dm, const std::vector<double>& w) {
+        std::vector<double> avg(numel, 0.0);
+        for (int sh = 0; sh < N; ++sh)
+          for (int c = 0; c < M; ++c) {
+            const auto [b, e] = ref::partRange(chunk, a.compressionBlock, M, c);
+            std::vector<std::vector<float>> parts(M, std::vector<float>(e - b, 0.0f));
+            for (int m = 0; m < M; ++m)
+              for (int64_t i = b; i < e && sh * chunk + i < numel; ++i)
+                parts[m][i - b] = static_cast<float>(Dm[m][sh * chunk + i]);
+            const auto got = ref::averageAndSend(parts, w, ownerResidual[u][c * N + sh], a.compressionBlock, levels);
+            for (int64_t i = b; i < e && sh * chunk + i < numel; ++i) avg[sh * chunk + i] = got[i - b];
+          }
+        return avg;
+      };
+      const auto rr = ref::round(D, stats[u], outer[u], momentum[u], rp, {}, average);
+      for (int r = 0; r < M * N; ++r)
+        if (!rr.flagged[r / N]) residual[u][r] = next[r];
+    } else {
+      ref::round(D, stats[u], outer[u], momentum[u], rp);
+    }
+  };
+  // The runtime's float32 arithmetic: a - b, each operand rounded to float first.
+  auto f32sub = [](double x, double y) {
+    return static_cast<double>(static_cast<float>(static_cast<float>(x) - static_cast<float>(y)));
+  };
+  // algorithm.overlapSync: per unit, each replica's start point of the round in progress
+  // (base) and the pseudo-gradients of the round in flight (empty: none).
+  std::vector<std::vector<std::vector<double>>> base(U, std::vector<std::vector<double>>(M)), inFlight(U);
+  // Sets replica m's weights of unit u to outer - D (float32).
+  auto rebase = [&](size_t u, int m, const std::vector<double>& Dm) {
+    std::vector<double> theta(Dm.size());
+    for (size_t i = 0; i < Dm.size(); ++i) theta[i] = f32sub(outer[u][i], Dm[i]);
+    setFlat(reps[m].params[u], torch::tensor(theta, torch::kFloat64).to(torch::kFloat32));
+    return theta;
+  };
+  auto progressOf = [&](size_t u, int m, const std::vector<double>& from) {
+    auto inner = toVec(flatOf(reps[m].params[u]));
+    std::vector<double> D(inner.size());
+    for (size_t i = 0; i < inner.size(); ++i) D[i] = f32sub(from[i], inner[i]);
+    return D;
+  };
+  auto doSync = [&](bool overlapped) {
     torch::NoGradGuard ng;
     for (size_t u = 0; u < U; ++u) {
+      if (!overlapped) {
+        std::vector<std::vector<double>> D(M);
+        for (int m = 0; m < M; ++m) D[m] = progressOf(u, m, outer[u]);
+        roundOf(u, D);
+        auto o = torch::tensor(outer[u], torch::kFloat64).to(torch::kFloat32);
+        for (int m = 0; m < M; ++m) setFlat(reps[m].params[u], o);
+        continue;
+      }
+      // Overlapped (docs/algorithm.md): this round's progress from its start point; the
+      // round in flight's outer step; the weights rebased on the new outer weights; this
+      // round's pseudo-gradients left in flight.
       std::vector<std::vector<double>> D(M);
-      for (int m = 0; m < M; ++m) {
-        auto inner = toVec(flatOf(reps[m].params[u]));
-        D[m].resize(inner.size());
-        // The runtime forms the pseudo-gradient in float32.
-        for (size_t i = 0; i < inner.size(); ++i)
-          D[m][i] = static_cast<float>(static_cast<float>(outer[u][i]) - static_cast<float>(inner[i]));
-      }
-      if (int8) {
-        const int64_t numel = static_cast<int64_t>(D[0].size()), chunk = (numel + N - 1) / N;
-        auto next = residual[u];
-        for (int m = 0; m < M; ++m)
-          for (int sh = 0; sh < N; ++sh) {
-            std::vector<float> part(chunk, 0.0f);
-            for (int64_t i = 0; i < chunk && sh * chunk + i < numel; ++i) part[i] = static_cast<float>(D[m][sh * chunk + i]);
-            const auto sent = ref::sendWithFeedback(part, next[m * N + sh], a.compressionBlock, levels);
-            for (int64_t i = 0; i < chunk && sh * chunk + i < numel; ++i) D[m][sh * chunk + i] = sent[i];
-          }
-        auto average = [&](const std::vector<std::vector<double>>& Dm, const std::vector<double>& w) {
-          std::vector<double> avg(numel, 0.0);
-          for (int sh = 0; sh < N; ++sh)
-            for (int c = 0; c < M; ++c) {
-              const auto [b, e] = ref::partRange(chunk, a.compressionBlock, M, c);
-              std::vector<std::vector<float>> parts(M, std::vector<float>(e - b, 0.0f));
-              for (int m = 0; m < M; ++m)
-                for (int64_t i = b; i < e && sh * chunk + i < numel; ++i)
-                  parts[m][i - b] = static_cast<float>(Dm[m][sh * chunk + i]);
-              const auto got = ref::averageAndSend(parts, w, ownerResidual[u][c * N + sh], a.compressionBlock, levels);
-              for (int64_t i = b; i < e && sh * chunk + i < numel; ++i) avg[sh * chunk + i] = got[i - b];
-            }
-          return avg;
-        };
-        const auto rr = ref::round(D, stats[u], outer[u], momentum[u], rp, {}, average);
-        for (int r = 0; r < M * N; ++r)
-          if (!rr.flagged[r / N]) residual[u][r] = next[r];
-      } else {
-        ref::round(D, stats[u], outer[u], momentum[u], rp);
-      }
-      auto o = torch::tensor(outer[u], torch::kFloat64).to(torch::kFloat32);
-      for (int m = 0; m < M; ++m) setFlat(reps[m].params[u], o);
+      for (int m = 0; m < M; ++m) D[m] = progressOf(u, m, inFlight[u].empty() ? outer[u] : base[u][m]);
+      if (!inFlight[u].empty()) roundOf(u, inFlight[u]);
+      for (int m = 0; m < M; ++m) base[u][m] = rebase(u, m, D[m]);
+      inFlight[u] = D;
     }
     sinceSync = 0;
   };
+  // Applies the rounds in flight now (a checkpoint, the last sync).
+  auto drain = [&] {
+    torch::NoGradGuard ng;
+    for (size_t u = 0; u < U; ++u) {
+      if (inFlight[u].empty()) continue;
+      roundOf(u, inFlight[u]);
+      inFlight[u].clear();
+      for (int m = 0; m < M; ++m) rebase(u, m, progressOf(u, m, base[u][m]));
+    }
+  };
+  const bool overlap = local && a.overlapSync;
 
   const int64_t T = c.training.steps;
   for (int64_t t = 0; t < T; ++t) {
@@ -189,7 +230,7 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
       }
       outerReady = true;
     }
-    if (local && t > a.warmupSteps && (t - a.warmupSteps) % a.syncInterval == 0) doSync();
+    if (local && t > a.warmupSteps && (t - a.warmupSteps) % a.syncInterval == 0) doSync(overlap);
     const bool synchronous = !local || t < a.warmupSteps;
     // Each replica's gradient: mean over its N shards' batches.
     std::vector<std::vector<torch::Tensor>> grads(M);
@@ -225,7 +266,10 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
     }
     if (local && !synchronous) ++sinceSync;
   }
-  if (local && outerReady && sinceSync > 0) doSync();
+  if (local && outerReady && sinceSync > 0) {
+    drain();
+    doSync(false);
+  }
 
   std::vector<std::vector<torch::Tensor>> out(M);
   for (int m = 0; m < M; ++m)
@@ -240,18 +284,20 @@ struct Case {
   bool prefetch = true;
   int64_t bucketMB = 4;  // runtime.bucketMB; 0: every unit all-reduced on its own
   std::string compression = "none";  // algorithm.syncCompression
+  bool overlap = false;              // algorithm.overlapSync
 };
 // gtest prints parameters with PrintTo (else as raw bytes in ctest's listing).
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.mode << " M=" << c.M << " N=" << c.N << (c.reshard ? "" : " zero2") << (c.prefetch ? "" : " noprefetch")
-      << (c.bucketMB == 0 ? " unbucketed" : "") << (c.compression == "none" ? "" : " " + c.compression);
+      << (c.bucketMB == 0 ? " unbucketed" : "") << (c.compression == "none" ? "" : " " + c.compression)
+      << (c.overlap ? " overlap" : "");
 }
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, ShardedRunMatchesSingleProcessReference) {
   at::set_num_threads(1);
-  const auto [mode, M, N, reshard, prefetch, bucketMB, compression] = GetParam();
+  const auto [mode, M, N, reshard, prefetch, bucketMB, compression, overlap] = GetParam();
   const auto dir = test::tempDir("edit-equiv");
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 7));
   c.algorithm.mode = mode;
@@ -259,6 +305,7 @@ TEST_P(Equivalence, ShardedRunMatchesSingleProcessReference) {
   c.algorithm.prefetch = prefetch;
   c.runtime.bucketMB = bucketMB;
   c.algorithm.syncCompression = compression;
+  c.algorithm.overlapSync = overlap;
   c.algorithm.compressionBlock = 64;  // several blocks per slice, and a tail
   const int port = test::freePort();
   std::vector<std::vector<torch::Tensor>> shards(M * N);
@@ -318,13 +365,17 @@ INSTANTIATE_TEST_SUITE_P(Modes, Equivalence,
                                            Case{"ddp", 2, 2, true, true, 0},
                                            Case{"edit", 2, 2, true, true, 4, "int8"},
                                            Case{"edit", 4, 1, true, true, 4, "int8"},
-                                           Case{"edit", 4, 1, true, true, 4, "int4"}),
+                                           Case{"edit", 4, 1, true, true, 4, "int4"},
+                                           Case{"edit", 2, 2, true, true, 4, "none", true},
+                                           Case{"diloco", 2, 1, true, true, 4, "none", true},
+                                           Case{"edit", 4, 1, true, true, 4, "int8", true}),
                          [](const auto& info) {
                            auto n = info.param.mode + "_M" + std::to_string(info.param.M) + "_N" +
                                     std::to_string(info.param.N) + (info.param.reshard ? "" : "_zero2") +
                                     (info.param.prefetch ? "" : "_noprefetch") +
                                     (info.param.bucketMB == 0 ? "_unbucketed" : "") +
-                                    (info.param.compression == "none" ? "" : "_" + info.param.compression);
+                                    (info.param.compression == "none" ? "" : "_" + info.param.compression) +
+                                    (info.param.overlap ? "_overlap" : "");
                            for (auto& ch : n)
                              if (ch == '-') ch = '_';
                            return n;

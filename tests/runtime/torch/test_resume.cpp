@@ -92,6 +92,32 @@ TEST(Resume, Int8ResidualIsCheckpointed) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Resume, OverlappedRoundIsAppliedBeforeACheckpoint) {
+  // algorithm.overlapSync: a checkpoint applies the round in flight first, so resuming from
+  // it equals a straight run that checkpointed at the same step (and drained there too).
+  at::set_num_threads(1);
+  const auto dir = test::tempDir("edit-resume-overlap");
+  auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 3));
+  c.training.steps = 16;
+  c.algorithm.mode = "edit";
+  c.algorithm.overlapSync = true;
+  c.checkpoint.everySteps = 9;
+  c.checkpoint.dir = dir + "/straight";
+  std::vector<TrainResult> straightResults;
+  const auto straight = train(c, 2, 2, nullptr, &straightResults);
+  for (auto& r : straightResults) EXPECT_EQ(r.syncRounds, 5u);  // steps 6, 9, 12, 15 and the last
+
+  c.checkpoint.dir = dir + "/ckpt";
+  train(c, 2, 2, [](Trainer& t, const StepReport& r) { if (r.step == 7) t.requestStop(); });
+  std::vector<TrainResult> second;
+  const auto resumed = train(c, 2, 2, nullptr, &second);
+  for (auto& r : second) EXPECT_EQ(r.resumedFrom, 9);
+  for (size_t r = 0; r < straight.size(); ++r)
+    for (size_t u = 0; u < straight[r].size(); ++u)
+      EXPECT_TRUE(torch::allclose(resumed[r][u], straight[r][u], 1e-6, 1e-7)) << r << " " << u;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Resume, CorruptNewestCheckpointFallsBackToPrevious) {
   at::set_num_threads(1);
   const auto dir = test::tempDir("edit-corrupt");

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""int8 and int4 sync compression (algorithm.syncCompression, issue 18) against fp32: bytes
-sent per rank in the sync group per sync round, validation loss at equal tokens, and, as root, the
-20 Mbit/s replica link of bench/run.py (blocked share and steady tokens/s).
+"""int8 and int4 sync compression (algorithm.syncCompression, issue 18) against fp32, and int8
+with the overlapped round (algorithm.overlapSync): bytes sent per rank in the sync group per
+sync round, validation loss at equal tokens, and, as root, the 20 Mbit/s replica link of
+bench/run.py (blocked share and steady tokens/s).
 
     python3 bench/compression.py                       # writes bench/results/<date>/compression.md
     python3 bench/compression.py --steps 40 --no-link  # shorter, without the link scenario
@@ -21,7 +22,13 @@ import run  # noqa: E402
 from common import LAYOUTS, ROOT, TINY, blas_coretype, flops_per_token, fmt, log  # noqa: E402
 
 
-CODECS = ["none", "int8", "int4"]
+CODECS = ["none", "int8", "int4", "int8+overlap"]  # the last: algorithm.overlapSync as well
+
+
+def settings(variant):
+    """The --set flags of a variant: its codec, and overlapSync for "+overlap"."""
+    codec, _, extra = variant.partition("+")
+    return [f"algorithm.syncCompression={codec}"] + (["algorithm.overlapSync=true"] if extra == "overlap" else [])
 
 
 def parse(argv):
@@ -78,8 +85,8 @@ def one(a, tmp, layout, comp, steps, netns=None, tau=None):
     base = os.path.join(tmp, f"base-{steps}.yaml")
     base_config(a, base, steps)
     a.base_config = base
-    run_id = f"{layout}-{comp}-{'link20' if netns else 'normal'}" + (f"-tau{tau}" if tau else "")
-    sets = [f"algorithm.syncCompression={comp}"] + ([f"algorithm.syncInterval={tau}"] if tau else [])
+    run_id = f"{layout}-{comp.replace('+', '-')}-{'link20' if netns else 'normal'}" + (f"-tau{tau}" if tau else "")
+    sets = settings(comp) + ([f"algorithm.syncInterval={tau}"] if tau else [])
     log(f"run {run_id}")
     workers, wall = run.launch(a, tmp, run_id, layout, sets, netns=netns, timeout=3600)
     cfg = dict(mode="edit", warmup=a.warmup, tokens_per_step=a.batch * a.seq)
@@ -147,7 +154,7 @@ def main(argv):
 
     with open(os.path.join(out, "compression.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
-    L = ["# int8 and int4 sync compression against fp32 (issue 18)", "",
+    L = ["# int8 and int4 sync compression, and the overlapped round, against fp32 (issue 18)", "",
          f"tiny preset, Brown corpus, edit, batch {a.batch} x seq {a.seq} per worker, warm-up {a.warmup}, "
          f"tau {a.tau}, block 256; one run each on a shared 2-core machine "
          f"({datetime.datetime.now():%Y-%m-%d %H:%M}). `python3 bench/compression.py`.", "",
@@ -161,7 +168,8 @@ def main(argv):
             dl = (r["val_loss"] - none["val_loss"]) / none["val_loss"]
             L.append(f"| {layout} | {a.steps} | {r['syncs']} | {c} | {br[c]:,.0f} | {100 * br[c] / br['none']:.1f}% | "
                      f"{r['val_loss']:.4f} | {100 * dl:+.2f}% |")
-    L += ["", "Targets (issue 18): int8 bytes <= 30% of none; validation loss within 0.5%.", ""]
+    L += ["", "Targets (issue 18): int8 bytes <= 30% of none; validation loss within 0.5%. "
+          "int8+overlap: int8 with algorithm.overlapSync (the outer step a round late).", ""]
     L += ["## 20 Mbit/s replica link (4x1, bench/run.py's netns + tbf)", ""]
     if isinstance(link, dict):
         L += [f"Measured link: {link['mbit']:.1f} Mbit/s. {a.link_rounds} sync rounds per run after the "

@@ -77,9 +77,9 @@ class EditRun(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def run_mode(self, mode, shards):
+    def run_mode(self, mode, shards, sets=()):
         logs = os.path.join(self.d, f"logs-{mode}-{shards}")
-        extra = [f"algorithm.mode={mode}", "checkpoint.keep=100"]
+        extra = [f"algorithm.mode={mode}", "checkpoint.keep=100"] + list(sets)
         if mode == "a-edit":
             # The time window decides when the machine is slow; the step cap bounds it when
             # it is fast, so every run makes several sync rounds.
@@ -103,8 +103,8 @@ class EditRun(unittest.TestCase):
                 "algorithm.warmupSteps=8", "algorithm.syncInterval=4",
                 "algorithm.penalty.anomalyWarmup=3", f"checkpoint.dir={d}/ckpt"]
 
-    def assert_trains(self, mode, shards):
-        logs = self.run_mode(mode, shards)
+    def assert_trains(self, mode, shards, sets=()):
+        logs = self.run_mode(mode, shards, sets)
         rows = progress(logs)
         s = summaries(logs)
         self.assertEqual(len(s), 4)
@@ -144,6 +144,14 @@ for _mode in ["ddp", "localsgd", "diloco", "edit", "a-edit"]:
 
 
 class Robustness(EditRun):
+    def test_overlapped_int8_rounds_train_and_end_identical(self):
+        # algorithm.overlapSync with int8: the rounds run during the next round's local
+        # steps on their own process groups; the loss falls, the replicas end bit-identical,
+        # and the rounds' bytes are counted in the sync group like any round's.
+        s = self.assert_trains("edit", 2, ["algorithm.overlapSync=true", "algorithm.syncCompression=int8"])
+        ops = {c["op"] for c in s[0]["comm"] if c["group"] == "sync" and c["bytes"] > 0}
+        self.assertTrue({"alltoall", "allgather"} <= ops, ops)
+
     def test_aedit_tolerates_consistent_straggler(self):
         # Rank 3 sleeps ~ twice its own step time every step: it makes fewer local steps per
         # sync, the others more, and 20+ syncs complete without deadlock.

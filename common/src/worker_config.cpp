@@ -342,11 +342,13 @@ std::vector<Field> fieldsOf(Config& c) {
     "For slow links between replicas.");
   I("algorithm.compressionBlock", a.compressionBlock, ints(16, 1 << 20),
     "int8/int4 only - elements per scale (one fp32 scale per block).");
-  B("algorithm.overlapSync", a.overlapSync,
-    "Exchange each sync round's pseudo-gradients during the next round's local steps and "
-    "apply the outer step one round late, keeping the local progress made meanwhile. Hides "
-    "the exchange on slow links; a checkpoint applies the round in flight first; in-place "
-    "recovery is off (a lost peer means a gang restart). Gloo only.");
+  I("algorithm.overlapSteps", a.overlapSteps, ints(0, 1 << 20),
+    "Local steps a sync round's exchange may run behind: 0 completes the round in its sync "
+    "step; d > 0 exchanges during the next d local steps (at most until the next round) and "
+    "applies the outer step then, keeping the local progress made meanwhile. Hides the "
+    "exchange on slow links at the cost of d steps of staleness; a checkpoint applies the "
+    "round in flight first; in-place recovery is off (a lost peer means a gang restart). "
+    "Gloo only.");
   auto& k = c.checkpoint;
   S("checkpoint.dir", k.dir, str(kMaxPath),
     "Checkpoint directory; empty disables checkpoints unless pvc is set. A relative "

@@ -94,10 +94,10 @@ struct AlgorithmConfig {
   // synchronization".
   std::string syncCompression = "none";
   int64_t compressionBlock = 256;  // elements per scale (int8/int4)
-  // Run each sync round's exchange during the next round's local steps and apply its outer
-  // step one round late, keeping the local progress made meanwhile: docs/algorithm.md,
-  // "Overlapped synchronization".
-  bool overlapSync = false;
+  // Local steps a sync round's exchange may run behind (0: none, the round completes in its
+  // sync step): its outer step lands that many steps late, keeping the local progress made
+  // meanwhile. docs/algorithm.md, "Overlapped synchronization".
+  int64_t overlapSteps = 0;
 };
 
 struct CheckpointConfig {

@@ -86,7 +86,7 @@ class BufferCache {
 // Activations, LibTorch and the communication library come on top (the bench measures).
 struct MemoryPlan {
   int64_t parameters = 0, gradients = 0, optimizer = 0, outer = 0, snapshot = 0;
-  int64_t overlap = 0;  // algorithm.overlapSync: the round in flight's start point and pseudo-gradient
+  int64_t overlap = 0;  // algorithm.overlapSteps: the round in flight's start point and pseudo-gradient
   int64_t buffers = 0;  // bound on the full-size buffers alive at once
   int64_t state() const { return parameters + gradients + optimizer + outer + snapshot + overlap; }
   int64_t total() const { return state() + buffers; }

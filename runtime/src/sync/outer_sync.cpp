@@ -48,6 +48,17 @@ void outerStep(torch::Tensor& outer, torch::Tensor& momentum, torch::Tensor& gra
   }
 }
 
+void previewOuterStep(torch::Tensor& out, const torch::Tensor& outer, const torch::Tensor& momentum,
+                      const torch::Tensor& D, double lr, double mu, bool nesterov) {
+  if (mu == 0) {
+    out.copy_(D);
+  } else {
+    out.copy_(momentum).mul_(mu).add_(D);  // b' = mu b + D
+    if (nesterov) out.mul_(mu).add_(D);    // D + mu b'
+  }
+  out.mul_(-lr).add_(outer);
+}
+
 static double completeNorm(Comm& comm, double localSq) {
   // Squared norm of the local slice, summed over the shard group. A NaN/Inf anywhere
   // makes the sum non-finite on every rank of the group, so all agree it is an anomaly.

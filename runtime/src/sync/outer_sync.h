@@ -67,7 +67,7 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& outer, EwmaDetect
 
 // The round's exchange and outer step for a given pseudo-gradient D (this rank's slice,
 // overwritten: scratch): the penalty, the average over the sync group and the outer step
-// update `outer` in place; no local weights are touched (algorithm.overlapSync runs this
+// update `outer` in place; no local weights are touched (algorithm.overlapSteps runs this
 // on its own thread and groups while the next round's local steps go on).
 UnitSyncResult syncPseudoGradient(Comm& comm, torch::Tensor& D, OuterUnit& outer, EwmaDetector& detector,
                                   const SyncSettings& s, double stepsSinceSync);
@@ -81,5 +81,11 @@ int64_t ownedPartLength(int64_t n, int64_t block, int M, int rank);
 // Overwrites `grad` (scratch).
 void outerStep(torch::Tensor& outer, torch::Tensor& momentum, torch::Tensor& grad,
                double lr, double mu, bool nesterov);
+
+// out := where outerStep would take `outer` for pseudo-gradient D, leaving outer and
+// momentum as they are (algorithm.overlapSteps's local start point: the round's step as if
+// every replica's pseudo-gradient were this one).
+void previewOuterStep(torch::Tensor& out, const torch::Tensor& outer, const torch::Tensor& momentum,
+                      const torch::Tensor& D, double lr, double mu, bool nesterov);
 
 }  // namespace edit

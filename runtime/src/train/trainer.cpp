@@ -68,11 +68,11 @@ void Trainer::setup() {
     rendezvous_->join(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
   }
   comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
-  overlap_ = cfg_.algorithm.overlapSync && isLocalMode();
+  overlap_ = cfg_.algorithm.overlapSteps > 0 && isLocalMode();
   if (overlap_) {
     if (mesh_.backend == "nccl")
-      throw ConfigError("algorithm.overlapSync: runs on Gloo only (its NCCL path has not run yet); set it to "
-                        "false or use runtime.backend gloo");
+      throw ConfigError("algorithm.overlapSteps: runs on Gloo only (its NCCL path has not run yet); set it to "
+                        "0 or use runtime.backend gloo");
     // The rounds in flight get process groups and a thread of their own, so their
     // collectives never interleave with the step's all-gathers on the shard group.
     roundComm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix() + "overlap/");
@@ -555,6 +555,8 @@ double Trainer::stepLoop(TrainResult& result) {
         result.stopped = true;
         break;
       }
+      // The round in flight lands overlapSteps after its sync step (or at the next round).
+      if (overlap_ && !sync && t - roundBeginStep_ >= cfg_.algorithm.overlapSteps) drainOverlap();
       if (sync) beginRound(t);
       if (b == Boundary::BudgetSpent) {
         endOnBudget(t);
@@ -685,8 +687,9 @@ StepReport Trainer::stepReport(int64_t t, double t0, double wait0, double loss, 
 void Trainer::finalSync() {
   // Local modes end on synchronized weights: a last whole-model sync if local steps
   // were made since the previous one (A-EDiT's loop already ended on a sync).
-  if (!isLocalMode() || !outerReady_ || stepsSinceSync_ == 0 || mode_.clock == SyncClock::Seconds) return;
+  if (!isLocalMode() || !outerReady_ || mode_.clock == SyncClock::Seconds) return;
   drainOverlap();
+  if (stepsSinceSync_ == 0) return;
   StepOutcome out;
   syncWholeModel(out);
   recordRound(out);

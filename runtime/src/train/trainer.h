@@ -152,7 +152,7 @@ class Trainer {
   void log(const std::string& s);
   void killIfAsked(int64_t t);
 
-  // algorithm.overlapSync (trainer_overlap.cpp, docs/algorithm.md "Overlapped
+  // algorithm.overlapSteps (trainer_overlap.cpp, docs/algorithm.md "Overlapped
   // synchronization"): unit u's round at a sync step applies the round in flight, rebases
   // the local weights on the new outer ones and starts this round's exchange; returns the
   // applied round's result (default: nothing was in flight). drainOverlap applies every
@@ -241,7 +241,7 @@ class Trainer {
   int partialTermExchanges_ = 0;  // consecutive control exchanges where some ranks, not all, had SIGTERM
   bool outerLost_ = false;        // a failed state copy left outer_ half written
 
-  // algorithm.overlapSync. Per unit, while its round is in flight: base_ is the local
+  // algorithm.overlapSteps. Per unit, while its round is in flight: base_ is the local
   // slice the current round started from (the local progress since is base_ - slice) and
   // pending_ the pseudo-gradient being exchanged (its average on return). The rounds run
   // on roundStream_ over roundComm_'s own process groups. Declared last: destroyed first.

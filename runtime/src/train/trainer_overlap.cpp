@@ -1,11 +1,12 @@
-// algorithm.overlapSync: each sync round's exchange runs during the next round's local
+// algorithm.overlapSteps: each sync round's exchange runs during the next round's local
 // steps, and its outer step lands one round late (docs/algorithm.md, "Overlapped
 // synchronization"). At the sync step of round k, for each unit (in forward order, on the
 // communication stream, before its all-gather):
 //   1. wait for round k-1's exchange (started a whole round ago) and take its outer step;
 //   2. D_k = base - theta: the local progress of round k;
-//   3. theta := outer - D_k, base := theta: the local weights keep their own progress on
-//      top of the newest outer weights;
+//   3. theta := the outer step of round k as if every replica's pseudo-gradient were D_k
+//      (from the newest outer weights and momentum), base := theta: the replica starts
+//      round k+1 where round k would take it on its own progress alone;
 //   4. start round k's exchange of D_k on the round thread (its own process groups).
 // Without a round in flight base is the outer weights (the first round, after a drain).
 #include "train/trainer.h"
@@ -36,7 +37,10 @@ UnitSyncResult Trainer::overlapRound(size_t u) {
     from = outer_[u].outer.to(unit.slice.device(), true);
   }
   torch::sub_out(pending_[u], from, unit.slice);
-  unit.slice.copy_(outer_[u].outer).sub_(pending_[u]);
+  const auto& o = outer_[u];
+  const auto dev = unit.slice.device();
+  previewOuterStep(unit.slice, o.outer.to(dev, true), o.momentum.to(dev, true), pending_[u], sync_.lr,
+                   sync_.momentum, sync_.nesterov);
   base_[u].copy_(unit.slice);
   const double steps = static_cast<double>(stepsSinceSync_);
   inflight_[u] = roundStream_->enqueue([this, u, steps] {

@@ -78,7 +78,7 @@ bool Trainer::recoverInPlace(const PeerLost& e, TrainResult& result) {
   const char* why = cfg_.runtime.recovery != "inPlace" ? " (runtime.recovery=exit)"
                     : !isLocalMode() || !outerReady_   ? " (no outer state yet: synchronous phase)"
                     : mesh_.backend == "nccl"          ? " (not supported with NCCL yet)"
-                    : overlap_                         ? " (not supported with algorithm.overlapSync)"
+                    : overlap_                         ? " (not supported with algorithm.overlapSteps)"
                                                        : nullptr;
   if (why) {
     log(std::string("peer lost: ") + e.what() + why + "; exiting for a gang restart");

@@ -145,10 +145,10 @@ for _mode in ["ddp", "localsgd", "diloco", "edit", "a-edit"]:
 
 class Robustness(EditRun):
     def test_overlapped_int8_rounds_train_and_end_identical(self):
-        # algorithm.overlapSync with int8: the rounds run during the next round's local
+        # algorithm.overlapSteps with int8: the rounds run during the next round's local
         # steps on their own process groups; the loss falls, the replicas end bit-identical,
         # and the rounds' bytes are counted in the sync group like any round's.
-        s = self.assert_trains("edit", 2, ["algorithm.overlapSync=true", "algorithm.syncCompression=int8"])
+        s = self.assert_trains("edit", 2, ["algorithm.overlapSteps=2", "algorithm.syncCompression=int8"])
         ops = {c["op"] for c in s[0]["comm"] if c["group"] == "sync" and c["bytes"] > 0}
         self.assertTrue({"alltoall", "allgather"} <= ops, ops)
 

@@ -174,8 +174,8 @@ class Recovery(unittest.TestCase):
                                  "no outer state yet")
 
     def test_overlapped_rounds_fall_back_to_a_gang_restart(self):
-        self.expect_gang_restart(["algorithm.overlapSync=true", "debug.killAtStep.rank=2",
-                                  f"debug.killAtStep.step={KILL_AT}"], "not supported with algorithm.overlapSync")
+        self.expect_gang_restart(["algorithm.overlapSteps=4", "debug.killAtStep.rank=2",
+                                  f"debug.killAtStep.step={KILL_AT}"], "not supported with algorithm.overlapSteps")
 
     def test_recovery_exit_policy(self):
         self.expect_gang_restart(["runtime.recovery=exit", "debug.killAtStep.rank=2",

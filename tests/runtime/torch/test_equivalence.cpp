@@ -171,15 +171,25 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
   auto f32sub = [](double x, double y) {
     return static_cast<double>(static_cast<float>(static_cast<float>(x) - static_cast<float>(y)));
   };
-  // algorithm.overlapSync: per unit, each replica's start point of the round in progress
+  // algorithm.overlapSteps: per unit, each replica's start point of the round in progress
   // (base) and the pseudo-gradients of the round in flight (empty: none).
   std::vector<std::vector<std::vector<double>>> base(U, std::vector<std::vector<double>>(M)), inFlight(U);
-  // Sets replica m's weights of unit u to outer - D (float32).
-  auto rebase = [&](size_t u, int m, const std::vector<double>& Dm) {
-    std::vector<double> theta(Dm.size());
-    for (size_t i = 0; i < Dm.size(); ++i) theta[i] = f32sub(outer[u][i], Dm[i]);
+  // Sets replica m's weights of unit u to outer - step (float32) and returns them.
+  auto setTo = [&](size_t u, int m, const std::vector<double>& step) {
+    std::vector<double> theta(step.size());
+    for (size_t i = 0; i < step.size(); ++i) theta[i] = f32sub(outer[u][i], step[i]);
     setFlat(reps[m].params[u], torch::tensor(theta, torch::kFloat64).to(torch::kFloat32));
     return theta;
+  };
+  // The outer step (SGD, dampening 0, as torch.optim.SGD) of pseudo-gradient Dm from the
+  // current outer momentum, without taking it: lr (Dm + mu (mu b + Dm)) with Nesterov.
+  auto stepOf = [&](size_t u, const std::vector<double>& Dm) {
+    std::vector<double> step(Dm.size());
+    for (size_t i = 0; i < Dm.size(); ++i) {
+      const double b = rp.momentum * momentum[u][i] + Dm[i];
+      step[i] = rp.lr * (rp.momentum == 0 ? Dm[i] : rp.nesterov ? Dm[i] + rp.momentum * b : b);
+    }
+    return step;
   };
   auto progressOf = [&](size_t u, int m, const std::vector<double>& from) {
     auto inner = toVec(flatOf(reps[m].params[u]));
@@ -199,12 +209,12 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
         continue;
       }
       // Overlapped (docs/algorithm.md): this round's progress from its start point; the
-      // round in flight's outer step; the weights rebased on the new outer weights; this
-      // round's pseudo-gradients left in flight.
+      // round in flight's outer step; each replica moved to where this round's outer step
+      // would take it on its own pseudo-gradient; this round's pseudo-gradients left in flight.
       std::vector<std::vector<double>> D(M);
       for (int m = 0; m < M; ++m) D[m] = progressOf(u, m, inFlight[u].empty() ? outer[u] : base[u][m]);
       if (!inFlight[u].empty()) roundOf(u, inFlight[u]);
-      for (int m = 0; m < M; ++m) base[u][m] = rebase(u, m, D[m]);
+      for (int m = 0; m < M; ++m) base[u][m] = setTo(u, m, stepOf(u, D[m]));
       inFlight[u] = D;
     }
     sinceSync = 0;
@@ -216,10 +226,11 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
       if (inFlight[u].empty()) continue;
       roundOf(u, inFlight[u]);
       inFlight[u].clear();
-      for (int m = 0; m < M; ++m) rebase(u, m, progressOf(u, m, base[u][m]));
+      for (int m = 0; m < M; ++m) setTo(u, m, progressOf(u, m, base[u][m]));
     }
   };
-  const bool overlap = local && a.overlapSync;
+  const bool overlap = local && a.overlapSteps > 0;
+  int64_t roundBegan = 0;  // the step of the last sync round
 
   const int64_t T = c.training.steps;
   for (int64_t t = 0; t < T; ++t) {
@@ -230,7 +241,13 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
       }
       outerReady = true;
     }
-    if (local && t > a.warmupSteps && (t - a.warmupSteps) % a.syncInterval == 0) doSync(overlap);
+    const bool syncStep = local && t > a.warmupSteps && (t - a.warmupSteps) % a.syncInterval == 0;
+    // The round in flight lands overlapSteps after its sync step, or at the next round.
+    if (overlap && !syncStep && t - roundBegan >= a.overlapSteps) drain();
+    if (syncStep) {
+      doSync(overlap);
+      roundBegan = t;
+    }
     const bool synchronous = !local || t < a.warmupSteps;
     // Each replica's gradient: mean over its N shards' batches.
     std::vector<std::vector<torch::Tensor>> grads(M);
@@ -284,13 +301,13 @@ struct Case {
   bool prefetch = true;
   int64_t bucketMB = 4;  // runtime.bucketMB; 0: every unit all-reduced on its own
   std::string compression = "none";  // algorithm.syncCompression
-  bool overlap = false;              // algorithm.overlapSync
+  int64_t overlap = 0;               // algorithm.overlapSteps
 };
 // gtest prints parameters with PrintTo (else as raw bytes in ctest's listing).
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.mode << " M=" << c.M << " N=" << c.N << (c.reshard ? "" : " zero2") << (c.prefetch ? "" : " noprefetch")
       << (c.bucketMB == 0 ? " unbucketed" : "") << (c.compression == "none" ? "" : " " + c.compression)
-      << (c.overlap ? " overlap" : "");
+      << (c.overlap ? " overlap" + std::to_string(c.overlap) : "");
 }
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
@@ -305,7 +322,7 @@ TEST_P(Equivalence, ShardedRunMatchesSingleProcessReference) {
   c.algorithm.prefetch = prefetch;
   c.runtime.bucketMB = bucketMB;
   c.algorithm.syncCompression = compression;
-  c.algorithm.overlapSync = overlap;
+  c.algorithm.overlapSteps = overlap;
   c.algorithm.compressionBlock = 64;  // several blocks per slice, and a tail
   const int port = test::freePort();
   std::vector<std::vector<torch::Tensor>> shards(M * N);
@@ -366,16 +383,16 @@ INSTANTIATE_TEST_SUITE_P(Modes, Equivalence,
                                            Case{"edit", 2, 2, true, true, 4, "int8"},
                                            Case{"edit", 4, 1, true, true, 4, "int8"},
                                            Case{"edit", 4, 1, true, true, 4, "int4"},
-                                           Case{"edit", 2, 2, true, true, 4, "none", true},
-                                           Case{"diloco", 2, 1, true, true, 4, "none", true},
-                                           Case{"edit", 4, 1, true, true, 4, "int8", true}),
+                                           Case{"edit", 2, 2, true, true, 4, "none", 3},
+                                           Case{"diloco", 2, 1, true, true, 4, "none", 1},
+                                           Case{"edit", 4, 1, true, true, 4, "int8", 2}),
                          [](const auto& info) {
                            auto n = info.param.mode + "_M" + std::to_string(info.param.M) + "_N" +
                                     std::to_string(info.param.N) + (info.param.reshard ? "" : "_zero2") +
                                     (info.param.prefetch ? "" : "_noprefetch") +
                                     (info.param.bucketMB == 0 ? "_unbucketed" : "") +
                                     (info.param.compression == "none" ? "" : "_" + info.param.compression) +
-                                    (info.param.overlap ? "_overlap" : "");
+                                    (info.param.overlap ? "_overlap" + std::to_string(info.param.overlap) : "");
                            for (auto& ch : n)
                              if (ch == '-') ch = '_';
                            return n;

@@ -93,14 +93,14 @@ TEST(Resume, Int8ResidualIsCheckpointed) {
 }
 
 TEST(Resume, OverlappedRoundIsAppliedBeforeACheckpoint) {
-  // algorithm.overlapSync: a checkpoint applies the round in flight first, so resuming from
+  // algorithm.overlapSteps: a checkpoint applies the round in flight first, so resuming from
   // it equals a straight run that checkpointed at the same step (and drained there too).
   at::set_num_threads(1);
   const auto dir = test::tempDir("edit-resume-overlap");
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 3));
   c.training.steps = 16;
   c.algorithm.mode = "edit";
-  c.algorithm.overlapSync = true;
+  c.algorithm.overlapSteps = 3;  // = syncInterval: in flight until the next round
   c.checkpoint.everySteps = 9;
   c.checkpoint.dir = dir + "/straight";
   std::vector<TrainResult> straightResults;

@@ -103,8 +103,8 @@ void Trainer::setup() {
     const auto& m = memoryPlan_;
     log("memory per rank (docs/memory.md): state " + mb(m.state()) + " (parameters " + mb(m.parameters) +
         ", gradients " + mb(m.gradients) + ", AdamW " + mb(m.optimizer) + ", outer " + mb(m.outer) +
-        ", recovery snapshot " + mb(m.snapshot) + ", overlapped round " + mb(m.overlap) + "), full-size buffers at most " + mb(m.buffers) +
-        ", plus activations");
+        ", recovery snapshot " + mb(m.snapshot) + ", overlapped round " + mb(m.overlap) +
+        "), full-size buffers at most " + mb(m.buffers) + ", plus activations");
   }
   detectors_.assign(units_.size(), EwmaDetector{});
   adam_ = std::make_unique<ShardedAdamW>(cfg_.training, units_);

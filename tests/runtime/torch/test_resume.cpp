@@ -30,6 +30,26 @@ std::vector<std::vector<torch::Tensor>> train(const Config& c, int M, int N,
   if (results) *results = res;
   return out;
 }
+
+// Stops a run of `c` after step 7 (acted on at the sync boundary of step 9, with a
+// checkpoint in c.checkpoint.dir), resumes it to the end, and checks that it ends where
+// `straight` did.
+void stopResumeAndCompare(const Config& c, const std::vector<std::vector<torch::Tensor>>& straight) {
+  std::vector<TrainResult> first, second;
+  train(c, 2, 2, [](Trainer& t, const StepReport& r) { if (r.step == 7) t.requestStop(); }, &first);
+  for (auto& r : first) {
+    EXPECT_TRUE(r.stopped);
+    EXPECT_EQ(r.steps, 9);
+  }
+  const auto resumed = train(c, 2, 2, nullptr, &second);
+  for (auto& r : second) {
+    EXPECT_EQ(r.resumedFrom, 9);
+    EXPECT_EQ(r.steps, c.training.steps);
+  }
+  for (size_t r = 0; r < straight.size(); ++r)
+    for (size_t u = 0; u < straight[r].size(); ++u)
+      EXPECT_TRUE(torch::allclose(resumed[r][u], straight[r][u], 1e-6, 1e-7)) << r << " " << u;
+}
 }  // namespace
 
 TEST(Resume, StopAndResumeEqualsStraightRun) {
@@ -41,21 +61,7 @@ TEST(Resume, StopAndResumeEqualsStraightRun) {
   const auto straight = train(c, 2, 2, nullptr);
 
   c.checkpoint.dir = dir + "/ckpt";
-  std::vector<TrainResult> first, second;
-  // Ask for a stop after step 7: acted on at the next sync boundary (step 9).
-  train(c, 2, 2, [](Trainer& t, const StepReport& r) { if (r.step == 7) t.requestStop(); }, &first);
-  for (auto& r : first) {
-    EXPECT_TRUE(r.stopped);
-    EXPECT_EQ(r.steps, 9);
-  }
-  const auto resumed = train(c, 2, 2, nullptr, &second);
-  for (auto& r : second) {
-    EXPECT_EQ(r.resumedFrom, 9);
-    EXPECT_EQ(r.steps, 16);
-  }
-  for (size_t r = 0; r < straight.size(); ++r)
-    for (size_t u = 0; u < straight[r].size(); ++u)
-      EXPECT_TRUE(torch::allclose(resumed[r][u], straight[r][u], 1e-6, 1e-7)) << r << " " << u;
+  stopResumeAndCompare(c, straight);
   std::filesystem::remove_all(dir);
 }
 
@@ -108,13 +114,7 @@ TEST(Resume, OverlappedRoundIsAppliedBeforeACheckpoint) {
   for (auto& r : straightResults) EXPECT_EQ(r.syncRounds, 5u);  // steps 6, 9, 12, 15 and the last
 
   c.checkpoint.dir = dir + "/ckpt";
-  train(c, 2, 2, [](Trainer& t, const StepReport& r) { if (r.step == 7) t.requestStop(); });
-  std::vector<TrainResult> second;
-  const auto resumed = train(c, 2, 2, nullptr, &second);
-  for (auto& r : second) EXPECT_EQ(r.resumedFrom, 9);
-  for (size_t r = 0; r < straight.size(); ++r)
-    for (size_t u = 0; u < straight[r].size(); ++u)
-      EXPECT_TRUE(torch::allclose(resumed[r][u], straight[r][u], 1e-6, 1e-7)) << r << " " << u;
+  stopResumeAndCompare(c, straight);
   std::filesystem::remove_all(dir);
 }
 

@@ -88,11 +88,12 @@ def sync_bytes(workers):
     return out
 
 
-def one(a, tmp, layout, comp, steps, netns=None, tau=None):
+def one(a, tmp, layout, comp, steps, netns=None, tau=None, tag=None):
     base = os.path.join(tmp, f"base-{steps}.yaml")
     base_config(a, base, steps)
     a.base_config = base
-    run_id = f"{layout}-{comp.replace('+', '-')}-{'link20' if netns else 'normal'}" + (f"-tau{tau}" if tau else "")
+    run_id = (f"{layout}-{comp.replace('+', '-')}-{tag or ('link20' if netns else 'normal')}"
+              + (f"-tau{tau}" if tau else ""))
     sets = settings(comp, tau or a.tau) + ([f"algorithm.syncInterval={tau}"] if tau else [])
     log(f"run {run_id}")
     workers, wall = run.launch(a, tmp, run_id, layout, sets, netns=netns, timeout=3600)
@@ -102,8 +103,8 @@ def one(a, tmp, layout, comp, steps, netns=None, tau=None):
     if not r["ok"]:
         raise SystemExit(f"{run_id} failed: exit codes {r['rc']} (logs in {tmp})")
     r["sync_bytes"] = sync_bytes(workers)
-    # Blocked after the warm-up: the sync rounds' wait over the steady window (the warm-up's
-    # fp32 gradient all-reduces are the same with and without compression).
+    # Blocked after the warm-up: the sync rounds' wait over the steady window, apart from
+    # the warm-up's gradient averages (fp32, or compressed with the codec).
     steady_s = (r["t_last"] - r["t_warm"]) if r.get("t_last") and r.get("t_warm") else None
     r["blocked_steady_frac"] = r["sync_wait_s"] / steady_s if steady_s else None
     log(f"  val {r['val_loss']:.4f}, syncs {r['syncs']}, blocked {100 * r['blocked_frac']:.1f}%, "
@@ -111,17 +112,17 @@ def one(a, tmp, layout, comp, steps, netns=None, tau=None):
     return r
 
 
-def per_round(runs):
+def per_round(runs, warm):
     """Bytes per rank per sync round in the sync group, for each run of {codec: run}. The
-    synchronous warm-up's gradient all-reduces also cross it; compressed rounds send no
-    all-reduce there, so the int8 run's all-reduce bytes are the warm-up's (same
-    configuration), subtracted from every run."""
+    synchronous warm-up's gradient averages also cross it (compressed too when the codec
+    is on), so `warm` holds, per codec, a run of the warm-up steps alone with the same
+    settings; its bytes are subtracted rank by rank."""
     out = {}
     for name, r in runs.items():
         vals = []
         for rank, b in enumerate(r["sync_bytes"]):
-            warm = runs["int8"]["sync_bytes"][rank].get("allreduce", 0)
-            vals.append((sum(b.values()) - warm) / r["syncs"])
+            w = sum(warm[name]["sync_bytes"][rank].values())
+            vals.append((sum(b.values()) - w) / r["syncs"])
         out[name] = sum(vals) / len(vals)
     return out
 
@@ -135,7 +136,8 @@ def main(argv):
     rows = []
     for layout in [l for l in a.layouts.split(",") if l]:
         runs = {c: one(a, tmp, layout, c, a.steps) for c in CODECS}
-        br = per_round(runs)
+        warm = {c: one(a, tmp, layout, c, a.warmup, tag="warmup-only") for c in CODECS}
+        br = per_round(runs, warm)
         results["runs"][f"{layout} normal"] = dict(runs, bytes_per_round=br)
         rows.append((layout, runs, br))
 

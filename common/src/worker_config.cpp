@@ -339,7 +339,8 @@ std::vector<Field> fieldsOf(Config& c) {
   S("algorithm.syncCompression", a.syncCompression, oneOf(kCompressions),
     "Pseudo-gradients exchanged in the sync group: none (fp32), int8 or int4 (per-block absmax "
     "scaling with error feedback; about 26% or 13% of the fp32 bytes at any number of replicas). "
-    "For slow links between replicas.");
+    "Also compresses the synchronous warm-up's gradient average across replicas (ddp stays "
+    "fp32). For slow links between replicas.");
   I("algorithm.compressionBlock", a.compressionBlock, ints(16, 1 << 20),
     "int8/int4 only - elements per scale (one fp32 scale per block).");
   I("algorithm.overlapSteps", a.overlapSteps, ints(0, 1 << 20),

@@ -91,6 +91,49 @@ int64_t ownedPartLength(int64_t n, int64_t block, int M, int rank) {
   return SlicePartition{n, block, M}.length(rank);
 }
 
+// The owner's half of a compressed exchange (the sync round's and the warm-up gradient
+// mean's): the part this rank owns, A = sum_m w_m x'_m over the records `received` in fp32,
+// replica order, each term rounded to fp32 before it is added (docs/algorithm.md: the
+// order the reference repeats), plus `residual` when given (the owner's error feedback);
+// requantized and all-gathered into `scratch` (at least M records without header); x :=
+// every owner's part, dequantized: the same bytes, so the same bits, on every rank. A
+// non-finite A (fp32 overflow, or a NaN that was sent) goes out as zeros, the residual
+// kept, or with nanIfNotFinite as NaN scales, so every rank sees NaN there as an fp32
+// all-reduce would show it.
+static void averageOwnedAndGather(Comm& comm, const SlicePartition& parts, const QuantRecord& rec,
+                                  const torch::Tensor& received, const std::vector<double>& w,
+                                  torch::Tensor* residual, const torch::Tensor& scratch, torch::Tensor& x,
+                                  bool nanIfNotFinite) {
+  const int M = parts.parts, me = comm.rankIn(Group::Sync);
+  const int64_t own = parts.length(me), R = rec.bytes();
+  const QuantRecord out{rec.n, rec.block, rec.codec, /*withHeader=*/false};
+  const int64_t O = out.bytes();
+  auto gathered = scratch.narrow(0, 0, M * O);
+  auto mine = gathered.narrow(0, me * O, O);
+  if (own > 0) {
+    auto A = torch::zeros({own}, x.options()), term = torch::empty_like(A);
+    for (int m = 0; m < M; ++m) {
+      if (w[m] == 0) continue;
+      rec.decode(received.narrow(0, m * R, R), term);
+      A.add_(term.mul_(w[m]));
+    }
+    if (residual) A.add_(*residual);
+    auto Aq = torch::empty_like(A);
+    if (out.encode(A, mine)) {
+      if (residual) {
+        out.decode(mine, Aq);
+        torch::sub_out(*residual, A, Aq);
+      }
+    } else if (nanIfNotFinite) {
+      out.scales(mine, own).fill_(std::numeric_limits<float>::quiet_NaN());
+    }
+  }
+  comm.allgatherInto(Group::Sync, mine, gathered);
+  for (int c = 0; c < M; ++c) {
+    if (parts.length(c) > 0) out.decode(gathered.narrow(0, c * O, O), x.narrow(0, parts.begin(c), parts.length(c)));
+  }
+}
+
 // A round with algorithm.syncCompression int8 or int4 (docs/algorithm.md, "Compressed
 // synchronization"). D holds this rank's pseudo-gradient on entry and, on return, the
 // weighted average of every replica's dequantized one; false when every replica was
@@ -159,32 +202,28 @@ static bool averageCompressed(Comm& comm, torch::Tensor& D, torch::Tensor& resid
   for (double x : w) wsum += x;
   if (wsum == 0) return false;
 
-  // The owned part: A = sum_m w_m D'_m in fp32, replica order, each term rounded to fp32
-  // before it is added (docs/algorithm.md: the order the reference repeats).
-  const int64_t own = parts.length(me);
-  const QuantRecord out{parts.maxLength(), s.block, s.codec, /*withHeader=*/false};
-  const int64_t O = out.bytes();
-  auto gathered = sent.narrow(0, 0, M * O);  // the outgoing records are spent: reuse them
-  if (own > 0) {
-    auto A = torch::zeros({own}, D.options()), term = torch::empty_like(A);
-    for (int m = 0; m < M; ++m) {
-      if (w[m] == 0) continue;
-      rec.decode(record(received, m), term);
-      A.add_(term.mul_(w[m]));
-    }
-    A.add_(averageResidual);
-    auto mine = gathered.narrow(0, me * O, O);
-    auto Aq = torch::empty_like(A);
-    if (out.encode(A, mine)) {
-      out.decode(mine, Aq);
-      torch::sub_out(averageResidual, A, Aq);
-    }  // not finite (an fp32 overflow): zeros go out, the residual is kept
-  }
-  comm.allgatherInto(Group::Sync, gathered.narrow(0, me * O, O), gathered);
-  for (int c = 0; c < M; ++c) {
-    if (parts.length(c) > 0) out.decode(gathered.narrow(0, c * O, O), part(D, c));
-  }
+  averageOwnedAndGather(comm, parts, rec, received, w, &averageResidual, sent, D, /*nanIfNotFinite=*/false);
   return true;
+}
+
+void compressedMean(Comm& comm, torch::Tensor& x, const Codec& codec, int64_t block) {
+  const int M = comm.size(Group::Sync);
+  if (M == 1) return;
+  const SlicePartition parts{x.numel(), block, M};
+  const QuantRecord rec{parts.maxLength(), block, codec, /*withHeader=*/false};
+  const int64_t R = rec.bytes();
+  auto sent = torch::zeros({M * R}, x.options().dtype(torch::kUInt8));
+  auto received = torch::empty_like(sent);
+  for (int c = 0; c < M; ++c) {
+    if (parts.length(c) == 0) continue;
+    auto record = sent.narrow(0, c * R, R);
+    // A NaN or Inf goes out as NaN scales: the mean is NaN there on every rank.
+    if (!rec.encode(x.narrow(0, parts.begin(c), parts.length(c)), record))
+      rec.scales(record, parts.length(c)).fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  comm.alltoall(Group::Sync, sent, received);
+  const std::vector<double> w(M, 1.0 / M);
+  averageOwnedAndGather(comm, parts, rec, received, w, nullptr, sent, x, /*nanIfNotFinite=*/true);
 }
 
 UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& detector,

@@ -76,6 +76,13 @@ UnitSyncResult syncPseudoGradient(Comm& comm, torch::Tensor& D, OuterUnit& outer
 // sync rank `rank` of M owns (averages and all-gathers), i.e. of its averageResidual.
 int64_t ownedPartLength(int64_t n, int64_t block, int M, int rank);
 
+// x (float32, this rank's copy) := the mean of x over the sync group, exchanged compressed
+// like a sync round's pseudo-gradient (a quantized reduce-scatter, the owner's fp32 mean
+// requantized and all-gathered), without error feedback: the synchronous warm-up's
+// gradient average under algorithm.syncCompression. Every rank gets the same bits; a NaN
+// or Inf anywhere in a part makes that part NaN everywhere, as the fp32 all-reduce would.
+void compressedMean(Comm& comm, torch::Tensor& x, const Codec& codec, int64_t block);
+
 // The outer optimizer step alone: SGD with (Nesterov) momentum, dampening 0, like
 // torch.optim.SGD. Exposed for tests.
 // Overwrites `grad` (scratch).

@@ -368,9 +368,13 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   // (runtime.bucketMB): a bucket goes once its lowest unit is reduced inside the replica,
   // so small units share one collective and large ones still overlap the backward.
   // At a bucket's lowest unit: one past its highest unit; elsewhere 0 (no collective yet).
+  // Under algorithm.syncCompression the warm-up's average is compressed unit by unit
+  // (compressedMean: the slow link between replicas is why compression is on), so each
+  // unit is its own bucket.
   std::vector<size_t> bucketEnd(U, 0);
+  const bool compressed = averageReplicas && isLocalMode() && sync_.codec.on();
   if (averageReplicas) {
-    const int64_t limit = std::max<int64_t>(1, cfg_.runtime.bucketMB << 20) / 4;
+    const int64_t limit = compressed ? 1 : std::max<int64_t>(1, cfg_.runtime.bucketMB << 20) / 4;
     size_t hi = U;
     int64_t size = 0;
     for (size_t u = U; u-- > 0;) {
@@ -382,8 +386,8 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
       }
     }
   }
-  auto reduceGrad = [this, N, averageReplicas, &bucketEnd](size_t u, torch::Tensor grad) {
-    return stream_->enqueue([this, u, N, averageReplicas, grad, end = bucketEnd[u]]() mutable {
+  auto reduceGrad = [this, N, averageReplicas, compressed, &bucketEnd](size_t u, torch::Tensor grad) {
+    return stream_->enqueue([this, u, N, averageReplicas, compressed, grad, end = bucketEnd[u]]() mutable {
       auto& unit = units_[u];
       if (grad.defined()) {
         comm_->reduceScatterSum(Group::Shard, grad);
@@ -394,8 +398,12 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
       if (averageReplicas && end > u) {
         const auto& last = units_[end - 1];
         auto bucket = unit.gradArena.narrow(0, unit.gradOffset, last.gradOffset + last.chunk - unit.gradOffset);
-        comm_->allreduce(Group::Sync, bucket);
-        bucket.div_(comm_->replicas());
+        if (compressed) {
+          compressedMean(*comm_, bucket, sync_.codec, sync_.block);
+        } else {
+          comm_->allreduce(Group::Sync, bucket);
+          bucket.div_(comm_->replicas());
+        }
       }
     });
   };

@@ -262,7 +262,44 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
         (lossOf(reps[m].params, s, rope, x, y) / N).backward();
       }
     }
-    if (synchronous && M > 1) {
+    if (synchronous && M > 1 && local && int8) {
+      // The warm-up's average under compression (docs/algorithm.md): per unit and shard
+      // slice, each replica's part quantized as sent (no error feedback), the owner's fp32
+      // mean requantized: ref::averageAndSend with uniform weights and a zero residual.
+      torch::NoGradGuard ng;
+      for (size_t u = 0; u < U; ++u) {
+        std::vector<std::vector<float>> g(M);
+        for (int m = 0; m < M; ++m) {
+          for (auto& p : reps[m].params[u]) {
+            auto v = p.grad().reshape({-1}).contiguous();
+            g[m].insert(g[m].end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+          }
+        }
+        const int64_t numel = static_cast<int64_t>(g[0].size()), chunk = (numel + N - 1) / N;
+        std::vector<float> mean(numel);
+        for (int sh = 0; sh < N; ++sh)
+          for (int c = 0; c < M; ++c) {
+            const auto [b, e] = ref::partRange(chunk, a.compressionBlock, M, c);
+            std::vector<std::vector<float>> sent(M);
+            for (int m = 0; m < M; ++m) {
+              std::vector<float> part(e - b, 0.0f), none(e - b, 0.0f);
+              for (int64_t i = b; i < e && sh * chunk + i < numel; ++i) part[i - b] = g[m][sh * chunk + i];
+              sent[m] = ref::sendWithFeedback(part, none, a.compressionBlock, levels);
+            }
+            std::vector<float> none(e - b, 0.0f);
+            const auto got = ref::averageAndSend(sent, std::vector<double>(M, 1.0 / M), none, a.compressionBlock, levels);
+            for (int64_t i = b; i < e && sh * chunk + i < numel; ++i) mean[sh * chunk + i] = got[i - b];
+          }
+        auto flat = torch::tensor(mean);
+        for (int m = 0; m < M; ++m) {
+          int64_t off = 0;
+          for (auto& p : reps[m].params[u]) {
+            p.mutable_grad() = flat.narrow(0, off, p.numel()).view(p.sizes()).clone();
+            off += p.numel();
+          }
+        }
+      }
+    } else if (synchronous && M > 1) {
       torch::NoGradGuard ng;
       for (size_t u = 0; u < U; ++u)
         for (size_t k = 0; k < reps[0].params[u].size(); ++k) {

@@ -5,7 +5,7 @@ sections and the config fuzzer's dictionary.
 An EDiTJob's spec.model, data, training, algorithm, checkpoint and debug are copied by the
 operator into the workers' config file. Their OpenAPI schema (types, ranges, enums,
 defaults, descriptions, cross-field CEL rules) is not written by hand: it is what
-`edit-train --print-schema` prints (common/src/worker_config.cpp's field table), plus the
+`edit-train --print-schema` prints (common/src/config_table.cpp's field table), plus the
 fields only the operator reads (the PVCs). tests/fuzz/dict/config.dict holds every key,
 every `--set` path and every enum value of the same schema. This script
 

@@ -250,7 +250,8 @@ class Faults(unittest.TestCase):
         for g, ranks in gens.items():
             self.assertEqual(ranks, set(range(WORLD)), "generation %d ranks %s" % (g, ranks))
         if expect_restarts is not None:
-            self.assertEqual(st.get("restarts", 0), expect_restarts, st)
+            self.assertEqual(st.get("restarts", 0), expect_restarts,
+                             "%s\n%s" % (json.dumps(st, indent=1), self.c.diagnostics()))
             self.assertEqual(sorted(gens), list(range(expect_restarts + 1)), gens)
         recovered = self.tracker.recovered_ranks()
         if expect_restarts is not None:

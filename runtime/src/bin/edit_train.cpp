@@ -250,11 +250,15 @@ int main(int argc, char** argv) {
     std::cerr << tag << "left the job: " << e.what() << "\n";
     return kExitLeft;
   } catch (const PeerLost& e) {
+    // Retryable, but the operator's Recovering condition should say what went wrong (the
+    // log's tail before it is step reports).
     std::cerr << tag << "peer lost: " << e.what() << "\n";
+    terminationMessage(std::string("peer lost: ") + e.what());
     return kExitPeerLost;
   } catch (const c10::Error& e) {
     // Collectives fail this way when a peer dies or times out: retryable.
     std::cerr << tag << "collective failed (peer lost?): " << e.what_without_backtrace() << "\n";
+    terminationMessage(std::string("collective failed (peer lost?): ") + e.what_without_backtrace());
     return kExitPeerLost;
   } catch (const std::exception& e) {
     std::cerr << tag << "error: " << e.what() << "\n";

@@ -1,6 +1,9 @@
 #include "dist/rendezvous.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <random>
 #include <thread>
 
 #include "dist/job_store.h"
@@ -23,6 +26,11 @@ int64_t parse(const std::vector<uint8_t>& v) {
 
 Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(spec)) {
   if (spec.rank != 0) return;
+  // Which store this is: a survivor that reconnects after rank 0 left tells the store it
+  // formed its generation on (still up while the old rank 0 exits) from its replacement's.
+  // (Containers' pids repeat: a random number makes it unique.)
+  incarnation_ = std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}());
+  store_->set(key("incarnation"), bytes(incarnation_));
   if (!spec.join) {
     store_->set(key("generation"), bytes("0"));
     store_->set(key("0/formed"), bytes("1"));
@@ -33,7 +41,11 @@ Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(
   }
 }
 
-void Rendezvous::closeClient() { static_cast<JobStore*>(store_.get())->close(); }
+void Rendezvous::closeClient() {
+  // The generation formed, so rank 0 has written the incarnation of its store.
+  incarnation_ = text(store_->get(key("incarnation")));
+  static_cast<JobStore*>(store_.get())->close();
+}
 
 bool Rendezvous::closed() const { return static_cast<JobStore*>(store_.get())->closed(); }
 
@@ -74,30 +86,40 @@ void Rendezvous::arrive(int64_t gen, double deadline, const std::atomic<bool>& c
 void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) {
   const double deadline = nowSeconds() + timeoutSeconds;
   const std::string cur = std::to_string(generation_), next = std::to_string(generation_ + 1);
-  try {
-    if (closed()) {
-      // A short attempt: when rank 0 is gone, the loop below waits for its replacement.
-      store_ = openClient(1);
-      // Rank 0's replacement hosts a fresh store and opens generation 1 just after it
-      // starts listening: meet it there (compareSet on the missing key would not).
-      if (!store_->check({key("generation")})) {
+  // Every store error (rank 0 left before or while we waited, or we reached its store just
+  // before it went) means: connect again, until rank 0's replacement hosts a fresh store at
+  // the same address (MASTER_ADDR names rank 0's pod, not its IP), and meet there. Only the
+  // deadline and SIGTERM end the wait.
+  std::string lastError;
+  for (bool lost = false;; lost = true) {
+    try {
+      if (closed() || lost) store_ = openClient(1);  // short: a long one would outlast the store's return
+      if (sameStore()) {
+        // Whoever comes first moves the counter; the rest read the value it moved to.
+        arrive(parse(store_->compareSet(key("generation"), bytes(cur), bytes(next))), deadline, cancel);
+      } else {
+        // Rank 0's replacement opens generation 1 on its fresh store (compareSet from our
+        // counter would open another, where it does not wait).
         waitForOpenGeneration(deadline, cancel);
-        return;
       }
+      return;
+    } catch (const PeerLost&) {
+      throw;
+    } catch (const std::exception& e) {
+      lastError = e.what();
     }
-    // Whoever comes first moves the counter; the rest read the value it moved to.
-    const int64_t gen = parse(store_->compareSet(key("generation"), bytes(cur), bytes(next)));
-    arrive(gen, deadline, cancel);
-    return;
-  } catch (const PeerLost&) {
-    throw;
-  } catch (const std::exception&) {
-    // The store is gone: rank 0 died, before or while we waited. Its replacement hosts a
-    // fresh store at the same address (MASTER_ADDR names rank 0's pod, not its IP); meet it
-    // there.
+    checkCancel(cancel);
+    if (nowSeconds() > deadline)
+      throw PeerLost("rendezvous: rank 0's store did not come back within runtime.rendezvousTimeoutSeconds (" +
+                     lastError + ")");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  reconnect(deadline, cancel);
-  waitForOpenGeneration(deadline, cancel);
+}
+
+bool Rendezvous::sameStore() const {
+  // A fresh store may not hold its incarnation yet: it is not ours either way.
+  return !incarnation_.empty() && store_->check({key("incarnation")}) &&
+         text(store_->get(key("incarnation"))) == incarnation_;
 }
 
 void Rendezvous::reconnect(double deadline, const std::atomic<bool>& cancel) {
@@ -121,31 +143,32 @@ void Rendezvous::reconnect(double deadline, const std::atomic<bool>& cancel) {
 void Rendezvous::join(double timeoutSeconds, const std::atomic<bool>& cancel) {
   const double deadline = nowSeconds() + timeoutSeconds;
   if (closed()) reconnect(deadline, cancel);  // a replacement's second attempt
-  waitForOpenGeneration(deadline, cancel);
-}
-
-void Rendezvous::waitForOpenGeneration(double deadline, const std::atomic<bool>& cancel) {
   try {
-    for (;;) {
-      if (store_->check({key("generation")})) {
-        const int64_t gen = parse(store_->get(key("generation")));
-        // The generation still running (formed) lost us; wait until the survivors notice
-        // and open the next one.
-        if (!store_->check({key(std::to_string(gen) + "/formed")})) {
-          arrive(gen, deadline, cancel);
-          return;
-        }
-      }
-      checkCancel(cancel);
-      if (nowSeconds() > deadline)
-        throw PeerLost("rendezvous: no recovery generation opened within runtime.rendezvousTimeoutSeconds "
-                       "(did the survivors exit?)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    waitForOpenGeneration(deadline, cancel);
   } catch (const PeerLost&) {
     throw;
   } catch (const std::exception& e) {
+    // The caller (Trainer::joinRunningJob) goes round again until its deadline.
     throw PeerLost(std::string("rendezvous: the store (hosted by rank 0) is unreachable: ") + e.what());
+  }
+}
+
+void Rendezvous::waitForOpenGeneration(double deadline, const std::atomic<bool>& cancel) {
+  for (;;) {
+    if (store_->check({key("generation")})) {
+      const int64_t gen = parse(store_->get(key("generation")));
+      // The generation still running (formed) lost us; wait until the survivors notice
+      // and open the next one.
+      if (!store_->check({key(std::to_string(gen) + "/formed")})) {
+        arrive(gen, deadline, cancel);
+        return;
+      }
+    }
+    checkCancel(cancel);
+    if (nowSeconds() > deadline)
+      throw PeerLost("rendezvous: no recovery generation opened within runtime.rendezvousTimeoutSeconds "
+                     "(did the survivors exit?)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 

@@ -8,6 +8,9 @@
 // prefix. Rank 0 hosts the store: when rank 0 dies, its replacement hosts a fresh store at
 // the same address with generation 1 open, and the survivors reconnect to it.
 //
+// Each store names its incarnation: a survivor that reconnects tells rank 0's store (still
+// up while rank 0 exits) from its replacement's, and meets the replacement where it waits.
+//
 // The store is our own (dist/kv_store.h): its client has no background thread, so rank 0
 // leaving or dying is an error of the next store call, never an abort. The other ranks
 // still close their connection while they train (closeClient), so rank 0 serves no idle
@@ -48,8 +51,11 @@ class Rendezvous {
  private:
   std::string key(const std::string& k) const { return spec_.storePrefix + "rdzv/" + k; }
   void arrive(int64_t gen, double deadline, const std::atomic<bool>& cancel);
-  // Waits until the counter names a generation still forming, then arrives in it.
+  // Waits until the counter names a generation still forming, then arrives in it. A store
+  // error propagates as is (the callers reconnect or give up).
   void waitForOpenGeneration(double deadline, const std::atomic<bool>& cancel);
+  // Whether store_ is the store this rank's generation formed on (not a replacement's).
+  bool sameStore() const;
   // A new client connection to MASTER_ADDR:MASTER_PORT (after rank 0's store died).
   void reconnect(double deadline, const std::atomic<bool>& cancel);
   // One attempt at a client connection (never hosts).
@@ -60,6 +66,7 @@ class Rendezvous {
   MeshSpec spec_;
   c10::intrusive_ptr<c10d::Store> store_;
   int64_t generation_ = 0;
+  std::string incarnation_;  // of the store the current generation formed on
 };
 
 }  // namespace edit

@@ -1,0 +1,134 @@
+// Recovery generations on the job's store (runtime/src/dist/rendezvous.*), on threads over
+// loopback: the survivors of a lost peer meet its replacement in one generation, also when
+// the lost peer is rank 0, which hosts the store, and when that happens twice.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "dist/rendezvous.h"
+#include "test_util.h"
+
+using namespace edit;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kWorld = 3;
+constexpr double kTimeout = 8;
+const std::atomic<bool> kNoCancel{false};
+
+MeshSpec spec(int rank, int port, bool join = false) {
+  MeshSpec m = test::meshFor(rank, 1, kWorld, port);
+  m.join = join;
+  return m;
+}
+
+// The job as started: every rank connected, the generation formed, the clients' connections
+// closed as the trainer closes them once its process groups exist.
+std::vector<std::unique_ptr<Rendezvous>> startJob(int port) {
+  std::vector<std::unique_ptr<Rendezvous>> r;
+  for (int k = 0; k < kWorld; ++k) r.push_back(std::make_unique<Rendezvous>(spec(k, port)));
+  for (auto& x : r) x->closeClient();
+  return r;
+}
+
+// Rank 0 is lost while the survivors rejoin; rank 0's replacement hosts a fresh store and
+// joins. When: the survivors start `survivorsAfter` after the test starts, rank 0 leaves
+// `leaveAfter`, its replacement comes `replaceAfter` later. Returns the generation each
+// rank ended in (index 0: the replacement).
+std::vector<int64_t> loseRankZero(std::vector<std::unique_ptr<Rendezvous>>& r, int port,
+                                  std::chrono::milliseconds survivorsAfter, std::chrono::milliseconds leaveAfter,
+                                  std::chrono::milliseconds replaceAfter) {
+  std::vector<int64_t> gen(kWorld, -1);
+  std::vector<std::thread> ts;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 1; k < kWorld; ++k)
+    ts.emplace_back([&, k] {
+      std::this_thread::sleep_until(t0 + survivorsAfter);
+      try {
+        r[k]->rejoin(kTimeout, kNoCancel);
+        gen[k] = r[k]->generation();
+      } catch (const PeerLost& e) {
+        ADD_FAILURE() << "rank " << k << ": " << e.what();
+      }
+    });
+  std::this_thread::sleep_until(t0 + leaveAfter);
+  r[0].reset();  // its store goes with it
+  std::this_thread::sleep_until(t0 + leaveAfter + replaceAfter);
+  r[0] = std::make_unique<Rendezvous>(spec(0, port, /*join=*/true));
+  try {
+    r[0]->join(kTimeout, kNoCancel);
+    gen[0] = r[0]->generation();
+  } catch (const PeerLost& e) {
+    ADD_FAILURE() << "rank 0's replacement: " << e.what();
+  }
+  for (auto& t : ts) t.join();
+  if (gen == std::vector<int64_t>(kWorld, 1))
+    for (auto& x : r) x->closeClient();
+  return gen;
+}
+
+// Rank 2 is lost and replaced: rank 0's store stays; the survivors move the counter to 1.
+void loseRankTwo(std::vector<std::unique_ptr<Rendezvous>>& r, int port) {
+  std::vector<std::thread> ts;
+  for (int k = 0; k < 2; ++k) ts.emplace_back([&, k] { r[k]->rejoin(kTimeout, kNoCancel); });
+  std::this_thread::sleep_for(200ms);
+  r[2] = std::make_unique<Rendezvous>(spec(2, port, /*join=*/true));
+  r[2]->join(kTimeout, kNoCancel);
+  for (auto& t : ts) t.join();
+  for (auto& x : r) x->closeClient();
+}
+
+}  // namespace
+
+TEST(Rendezvous, SurvivorsMeetAnyReplacementInTheNextGeneration) {
+  const int port = test::freePort();
+  auto r = startJob(port);
+  loseRankTwo(r, port);
+  for (auto& x : r) EXPECT_EQ(x->generation(), 1);
+}
+
+TEST(Rendezvous, SurvivorsMeetRankZerosReplacementOnItsFreshStore) {
+  // The survivors notice after rank 0 is gone, before its replacement listens.
+  const int port = test::freePort();
+  auto r = startJob(port);
+  auto gen = loseRankZero(r, port, 100ms, 0ms, 500ms);
+  for (int k = 0; k < kWorld; ++k) EXPECT_EQ(gen[k], 1) << "rank " << k;
+}
+
+TEST(Rendezvous, SurvivorsThatReachedTheLeavingStoreMoveToTheFreshOne) {
+  // They open generation 1 on rank 0's store while it still answers; then it goes.
+  const int port = test::freePort();
+  auto r = startJob(port);
+  auto gen = loseRankZero(r, port, 0ms, 500ms, 300ms);
+  for (int k = 0; k < kWorld; ++k) EXPECT_EQ(gen[k], 1) << "rank " << k;
+}
+
+TEST(Rendezvous, RankZeroLostAfterAnotherRecovery) {
+  // The survivors' counter (1) is ahead of the fresh store's, which opens generation 1:
+  // they must meet the replacement where it waits, not open a generation of their own,
+  // whenever they notice: late (the replacement already waits), early, or on the old store.
+  const int port = test::freePort();
+  auto r = startJob(port);
+  loseRankTwo(r, port);
+  ASSERT_EQ(r[1]->generation(), 1);
+  const std::chrono::milliseconds when[][3] = {{800ms, 0ms, 100ms}, {100ms, 0ms, 500ms}, {0ms, 500ms, 300ms}};
+  for (const auto& w : when) {
+    auto gen = loseRankZero(r, port, w[0], w[1], w[2]);
+    for (int k = 0; k < kWorld; ++k) EXPECT_EQ(gen[k], 1) << "rank " << k << ", survivors after " << w[0].count();
+  }
+}
+
+TEST(Rendezvous, SurvivorsGiveUpAtTheDeadlineWhenRankZeroNeverReturns) {
+  const int port = test::freePort();
+  auto r = startJob(port);
+  r[0].reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(r[1]->rejoin(1.5, kNoCancel), PeerLost);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(s, 1.4);
+  EXPECT_LT(s, 10);
+}

@@ -434,8 +434,8 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
     }
     if (reduce) reduced.push_back(reduceGrad(u, std::move(grad)));
   }
-  for (auto& f : reduced) stream_->wait(f, averageReplicas ? Group::Sync : Group::Shard,
-                                        averageReplicas ? "allreduce" : "reduce_scatter");
+  const char* reduceOp = !averageReplicas ? "reduce_scatter" : compressed ? "compressed_mean" : "allreduce";
+  for (auto& f : reduced) stream_->wait(f, averageReplicas ? Group::Sync : Group::Shard, reduceOp);
 
   if (layerwise) {
     for (size_t u = 0; u < U; ++u) out.syncWork += syncWork[u];

@@ -2,8 +2,9 @@
 """Files made from the runtime's one schema of the worker configuration: the CRD's worker
 sections and the config fuzzer's dictionary.
 
-An EDiTJob's spec.model, data, training, algorithm, checkpoint and debug are copied by the
-operator into the workers' config file. Their OpenAPI schema (types, ranges, enums,
+An EDiTJob's spec.model, data, training, algorithm, checkpoint, debug and runtime (less
+runtime.recovery, which runPolicy.replicaRecovery sets) are copied by the operator into the
+workers' config file. Their OpenAPI schema (types, ranges, enums,
 defaults, descriptions, cross-field CEL rules) is not written by hand: it is what
 `edit-train --print-schema` prints (common/src/config_table.cpp's field table), plus the
 fields only the operator reads (the PVCs). tests/fuzz/dict/config.dict holds every key,
@@ -32,7 +33,10 @@ FUZZ_DICT = ROOT / "tests" / "fuzz" / "dict" / "config.dict"
 FUZZ_SYNTAX = ["true", "false", "yes", "off", "null", "~", ".nan", ".inf", "-.inf", "1e6", "0x10",
                "&a", "*a", "<<:", "!!str", "!!int", "{", "}", "[", "]", "- ", "\\x0a  ", ": ", "---"]
 # spec sections the operator copies into the workers' config (same names as the runtime's).
-MIRRORED = ["model", "data", "training", "algorithm", "checkpoint", "debug"]
+MIRRORED = ["model", "data", "training", "algorithm", "checkpoint", "debug", "runtime"]
+# Runtime fields the operator sets from another spec field: not in the CRD's section (the
+# API rejects them as unknown fields; operator/src/api/editjob.cpp names where they go).
+OPERATOR_OWNED = {"runtime": ["recovery"]}
 # Fields the CRD adds to a mirrored section: the operator resolves them (volume claims
 # become paths), the runtime never sees them. Taken over from the CRD as they are.
 CRD_ONLY = {"data": ["pvc"], "checkpoint": ["pvc"]}
@@ -70,8 +74,8 @@ def wanted_section(schema, crd, name):
     """The node spec.<name> must be: the runtime's section, defaulted to {} so that the
     runtime's defaults apply when the section is left out, plus the CRD-only fields."""
     node = with_defaults(schema["properties"][name], name != "debug")
-    props = dict(node["properties"])
-    current = spec_of(crd)["properties"].get(name, {}).get("properties", {})
+    props = {k: v for k, v in node["properties"].items() if k not in OPERATOR_OWNED.get(name, [])}
+    current = (spec_of(crd)["properties"].get(name) or {}).get("properties", {})
     for extra in CRD_ONLY.get(name, []):
         if extra in current:
             props[extra] = current[extra]

@@ -88,8 +88,7 @@ def job_manifest(name, ns, data_dir, ckpt_dir, master_port, steps=60, every=10, 
     spec = {
         "replicas": replicas, "shardsPerReplica": shards, "image": "unused.local/edit-runtime:test",
         "command": ["edit-train"], "masterPort": master_port,
-        # One intra-op thread per worker: 4 workers share 2 cores.
-        "env": [{"name": "EDIT_SET", "value": "runtime.threads=1"}] + list(env or []),
+        "env": list(env or []),
         "model": {"preset": "tiny", "dim": 64, "heads": 4, "ffnDim": 176, "layers": 2},
         "data": {"train": os.path.join(data_dir, "train.bin"), "val": os.path.join(data_dir, "val.bin"),
                  "seqLen": 32, "batchSize": 4, "valBatches": 4},
@@ -97,6 +96,8 @@ def job_manifest(name, ns, data_dir, ckpt_dir, master_port, steps=60, every=10, 
         "algorithm": dict({"mode": "edit", "warmupSteps": 8, "syncInterval": 4,
                            "penalty": {"anomalyWarmup": 3}}, **(extra_algorithm or {})),
         "checkpoint": {"dir": ckpt_dir, "everySteps": every, "keep": 100},
+        # One intra-op thread per worker: 4 workers share 2 cores.
+        "runtime": {"threads": 1},
         "runPolicy": {"backoffLimit": backoff},
     }
     if hang:

@@ -20,6 +20,8 @@ import unittest
 import urllib.parse
 import urllib.request
 
+import yaml
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as h  # noqa: E402
 
@@ -117,6 +119,12 @@ class KubectlFlow(Base):
         self.assertIn("Local steps between synchronizations", ex)
         ex2 = self.c.kubectl("explain", "editjob.spec.algorithm.mode").stdout
         self.assertIn("a-edit", ex2)
+
+        # spec.runtime reached the workers' config, with recovery from runPolicy.
+        cfg = yaml.safe_load(self.c.get("/api/v1/namespaces/%s/configmaps/%s-config" % (self.ns, self.name))
+                             ["data"]["config.yaml"])
+        self.assertEqual((cfg["runtime"]["threads"], cfg["runtime"]["bucketMB"], cfg["runtime"]["recovery"]),
+                         (1, 2, "inPlace"), cfg)
 
         # The gang: exactly one generation of 4 pods, all Succeeded, nothing restarted.
         pods = self.c.pods(self.ns, self.name)
@@ -262,6 +270,7 @@ class SpecChanges(Base):
             node[path[-1]] = value
             return j
         for path, value in ((("replicas",), 3), (("image",), "other:2"), (("model", "preset"), "small"),
+                            (("runtime", "bucketMB"), 8),
                             (("args",), ["--set", "training.lr=0.1"]), (("runPolicy", "replicaRecovery"), "GangRestart"),
                             (("podTemplate", "metadata", "labels"), {"team": "ml"})):
             field = "spec." + ".".join(path[:2] if path[0] in ("runPolicy",) else path[:1])

@@ -88,6 +88,20 @@ TEST(ApiSpec, ErrorsNameTheField) {
   EXPECT_EQ(errorField({{"image", "i"}}), "");
 }
 
+TEST(ApiSpec, RuntimeSectionLeavesRecoveryToRunPolicyAndNcclToGpus) {
+  EXPECT_EQ(errorField({{"image", "i"}, {"runtime", "fast"}}), "spec.runtime");
+  // One place decides what survivors do: runPolicy.replicaRecovery.
+  EXPECT_EQ(errorField({{"image", "i"}, {"runtime", {{"recovery", "exit"}}}}), "spec.runtime.recovery");
+  try {
+    parseSpec(job({{"image", "i"}, {"runtime", {{"recovery", "exit"}}}}));
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("spec.runPolicy.replicaRecovery"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(errorField({{"image", "i"}, {"runtime", {{"backend", "nccl"}}}}), "spec.runtime.backend");
+  EXPECT_EQ(errorField({{"image", "i"}, {"gpusPerWorker", 1}, {"runtime", {{"backend", "nccl"}}}}), "");
+  EXPECT_EQ(errorField({{"image", "i"}, {"runtime", {{"bucketMB", 4}, {"backend", "gloo"}}}}), "");
+}
+
 TEST(ApiSpec, PodTemplateOverride) {
   auto s = parseSpec(job({{"image", "i"},
                           {"podTemplate",

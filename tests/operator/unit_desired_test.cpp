@@ -213,6 +213,10 @@ TEST(Desired, RecoveryModeFollowsReplicaRecoveryAndMode) {
   EXPECT_EQ(recovery({{"runPolicy", {{"replicaRecovery", "GangRestart"}}}}), "exit");
   // ddp synchronizes every step: survivors cannot wait for a replacement.
   EXPECT_EQ(recovery({{"algorithm", {{"mode", "ddp"}}}}), "exit");
+  // spec.runtime's other fields go along.
+  YAML::Node y = YAML::Load(controller::workerConfigYaml(makeJob({{"runtime", {{"bucketMB", 2}}}})));
+  EXPECT_EQ(y["runtime"]["bucketMB"].as<int>(), 2);
+  EXPECT_EQ(y["runtime"]["recovery"].as<std::string>(), "inPlace");
 }
 
 TEST(Desired, OnlyReplacementPodsJoinTheRunningJob) {

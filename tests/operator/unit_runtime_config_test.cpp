@@ -44,6 +44,24 @@ TEST(RuntimeConfig, ReplicaRecoveryBecomesRuntimeRecovery) {
   EXPECT_EQ(recovery({{"replicaRecovery", "GangRestart"}}), "exit");
 }
 
+TEST(RuntimeConfig, RuntimeSectionReachesTheWorkerWithRecoveryFromRunPolicy) {
+  json spec = {{"image", "i"},
+               {"runPolicy", {{"replicaRecovery", "GangRestart"}}},
+               {"runtime", {{"bucketMB", 8}, {"reshardAfterForward", false}, {"recoverySnapshotDir", "/scratch"},
+                            {"rendezvousTimeoutSeconds", 120}, {"threads", 3}}}};
+  edit::Config c = edit::parseConfig(controller::workerConfigYaml(makeJob(spec)));
+  EXPECT_EQ(c.runtime.bucketMB, 8);
+  EXPECT_FALSE(c.runtime.reshardAfterForward);
+  EXPECT_EQ(c.runtime.recoverySnapshotDir, "/scratch");
+  EXPECT_DOUBLE_EQ(c.runtime.rendezvousTimeoutSeconds, 120);
+  EXPECT_EQ(c.runtime.threads, 3);
+  EXPECT_EQ(c.runtime.recovery, "exit");
+  // Left out, the runtime's defaults apply.
+  edit::Config d = edit::parseConfig(controller::workerConfigYaml(makeJob({{"image", "i"}})));
+  EXPECT_EQ(d.runtime.bucketMB, edit::Config{}.runtime.bucketMB);
+  EXPECT_EQ(d.runtime.recovery, "inPlace");
+}
+
 TEST(RuntimeConfig, EmptySectionsParse) {
   EXPECT_NO_THROW(edit::parseConfig(controller::workerConfigYaml(makeJob({{"image", "i"}, {"model", json::object()}}))));
 }
@@ -72,6 +90,9 @@ TEST(RuntimeConfig, TheOperatorRefusesWhatAWorkerWouldWithTheRuntimesMessage) {
   EXPECT_EQ(refusedField({{"image", "i"}, {"model", {{"preset", "llama-1b"}, {"heads", 3}}}}), "spec.model.heads");
   EXPECT_EQ(refusedField({{"image", "i"}, {"debug", {{"injectStepDelay", {{"seconds", 7200}}}}}}),
             "spec.debug.injectStepDelay.seconds");
+  EXPECT_EQ(refusedField({{"image", "i"}, {"runtime", {{"bucketMB", -1}}}}), "spec.runtime.bucketMB");
+  EXPECT_EQ(refusedField({{"image", "i"}, {"runtime", {{"backend", "mpi"}}}}), "spec.runtime.backend");
+  EXPECT_EQ(refusedField({{"image", "i"}, {"runtime", {{"bucketSize", 4}}}}), "spec.runtime.bucketSize");
   EXPECT_EQ(refusedField({{"image", "i"}, {"algorithm", {{"mode", "a-edit"}, {"syncSeconds", 2}}}}), "");
   EXPECT_EQ(refusedField({{"image", "i"}}), "");
 }

@@ -270,6 +270,12 @@ EDiTJobSpec parseSpec(const json& obj) {
   s.algorithm = getObject(spec, "algorithm", p);
   s.checkpoint = getObject(spec, "checkpoint", p);
   s.debug = getObject(spec, "debug", p);
+  s.runtime = getObject(spec, "runtime", p);
+  require(!field(s.runtime, "recovery"), "spec.runtime.recovery",
+          "is set by the operator from spec.runPolicy.replicaRecovery (InPlace or GangRestart): set it there");
+  if (const json* b = field(s.runtime, "backend"); b && b->is_string() && *b == "nccl")
+    require(s.gpusPerWorker > 0, "spec.runtime.backend",
+            "nccl needs GPUs: set spec.gpusPerWorker above 0, or backend auto or gloo");
   // The worker sections are checked by the runtime's own parser (controller::checkWorkerConfig).
   s.podTemplate = parsePodTemplate(spec);
   if (field(spec, "export")) {

@@ -93,6 +93,8 @@ struct EDiTJobSpec {
   nlohmann::json algorithm = nlohmann::json::object();
   nlohmann::json checkpoint = nlohmann::json::object();
   nlohmann::json debug = nlohmann::json::object();
+  // The worker process's runtime section, less recovery (runPolicy.replicaRecovery sets it).
+  nlohmann::json runtime = nlohmann::json::object();
   PodTemplateOverride podTemplate;
   std::optional<ExportSpec> exportModel;  // spec.export
   RunPolicy runPolicy;

@@ -134,8 +134,11 @@ std::string workerConfigYaml(const JobRef& job) {
   put("checkpoint", ckpt);
   put("debug", s.debug);
   // What survivors do when a peer dies: wait for its replacement, or exit 75 so that the
-  // operator restarts the gang (runPolicy.replicaRecovery; ddp never waits).
-  cfg["runtime"] = {{"recovery", s.inPlaceRecovery() ? "inPlace" : "exit"}};
+  // operator restarts the gang (runPolicy.replicaRecovery; ddp never waits). The rest of
+  // the runtime section is the user's (spec.runtime).
+  json runtime = s.runtime;
+  runtime["recovery"] = s.inPlaceRecovery() ? "inPlace" : "exit";
+  cfg["runtime"] = std::move(runtime);
   YAML::Emitter out;
   out << toYaml(cfg);
   return std::string(out.c_str()) + "\n";

@@ -89,11 +89,10 @@ void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) 
   // Every store error (rank 0 left before or while we waited, or we reached its store just
   // before it went) means: connect again, until rank 0's replacement hosts a fresh store at
   // the same address (MASTER_ADDR names rank 0's pod, not its IP), and meet there. Only the
-  // deadline and SIGTERM end the wait.
-  std::string lastError;
+  // deadline and SIGTERM end the wait (reconnect and arrive throw PeerLost then).
   for (bool lost = false;; lost = true) {
+    if (closed() || lost) reconnect(deadline, cancel);
     try {
-      if (closed() || lost) store_ = openClient(1);  // short: a long one would outlast the store's return
       if (sameStore()) {
         // Whoever comes first moves the counter; the rest read the value it moved to.
         arrive(parse(store_->compareSet(key("generation"), bytes(cur), bytes(next))), deadline, cancel);
@@ -105,14 +104,9 @@ void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) 
       return;
     } catch (const PeerLost&) {
       throw;
-    } catch (const std::exception& e) {
-      lastError = e.what();
+    } catch (const std::exception&) {
+      // The store went after we reached it: connect again.
     }
-    checkCancel(cancel);
-    if (nowSeconds() > deadline)
-      throw PeerLost("rendezvous: rank 0's store did not come back within runtime.rendezvousTimeoutSeconds (" +
-                     lastError + ")");
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
 }
 

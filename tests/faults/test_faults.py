@@ -379,8 +379,11 @@ class Faults(unittest.TestCase):
 
     def test_kill_rank0(self):
         """Rank 0 hosted the rendezvous store: its replacement (a new pod IP behind the same
-        name) hosts a fresh one and the survivors reconnect; replaced in place too."""
-        self.start()
+        name) hosts a fresh one and the survivors reconnect; replaced in place too. Paced
+        (rank 1 sleeps 0.1 s a step) so that the kill lands in a local phase, not after the
+        last step, however fast the runtime is: unpaced, the job's reported step 20 could lag
+        the workers' last one, and a peer lost in the final synchronization is a gang restart."""
+        self.start(debug={"injectStepDelay": {"rank": 1, "seconds": 0.1}})
         self.wait_checkpoint(16)
         self.wait_step(20)
         self.kill_workers(0)

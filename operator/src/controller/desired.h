@@ -68,7 +68,7 @@ json desiredService(const JobRef& job);
 json desiredPodGroup(const JobRef& job);
 // How often an idle worker resends its last report: a fifth of hangTimeoutSeconds, within
 // [1, 10] s, so that when the job hangs a stopped worker has been silent far longer than
-// the others (controller/plan.cpp tells them apart at half the hang timeout).
+// the others (controller/recovery.cpp tells them apart at half the hang timeout).
 long heartbeatSeconds(const api::EDiTJobSpec& s);
 
 // avoidNodes: nodes this rank must not land on (straggler replacement). joinRunningJob:

@@ -2,7 +2,7 @@
 // gang from the newest checkpoint, or replace the failed ranks in place), how failures
 // spend runPolicy.backoffLimit and what edit-train's exit codes mean for that. Pure
 // functions of what the planner observed, like JobSet's failure_policy.go: the planner
-// (controller/plan.cpp) carries the answer out in the status, the events and the pods.
+// (controller/plan_failures.cpp) carries the answer out in the status, the events and the pods.
 //
 // Exit codes (common/src/exit_codes.h): a permanent one (2, 3, 126, 127) fails the job.
 // Everything else (crash, OOM kill 137, preemption 143) is retried: by replacing the

@@ -1,7 +1,8 @@
 // The controller's decisions as a pure function: from the job (spec, current status),
 // the pods it owns and the telemetry view to the new status plus the actions to take.
 // Level-triggered: the same inputs always give the same plan, so a re-run is harmless.
-// What it observes: controller/observed.h; how it answers failures: controller/failure_policy.h.
+// What it observes: controller/observed.h; how it answers failures: controller/failure_policy.h;
+// the planner, one file per policy: controller/planner.h.
 #pragma once
 
 #include <ctime>

@@ -503,8 +503,10 @@ class Faults(unittest.TestCase):
     def test_sigterm_pods(self):
         """SIGTERM every worker: they checkpoint at the next sync point (well within the
         30 s grace period) and exit 143, which is retryable: the next generation resumes
-        from that checkpoint, so (almost) nothing is redone."""
-        self.start()
+        from that checkpoint, so (almost) nothing is redone. Paced like test_kill_rank0 (rank
+        1 sleeps 0.1 s a step): unpaced, the workers can reach their last step before the
+        SIGTERM lands, and the job then succeeds with no restart to check."""
+        self.start(debug={"injectStepDelay": {"rank": 1, "seconds": 0.1}})
         self.wait_step(20)
         t_term = time.time()
         for r in range(WORLD):

@@ -36,6 +36,10 @@ import harness as h  # noqa: E402
 
 STEPS, EVERY, SYNC = 64, 8, 4
 WORLD = 4
+# Rank 1 sleeps 0.1 s a step, so a fault injected at reported step 20 lands while the job
+# still trains, however fast the runtime is: unpaced, the 64 steps can be over (or in the
+# final synchronization, where a lost peer means a gang restart) before the fault arrives.
+PACED = {"injectStepDelay": {"rank": 1, "seconds": 0.1}}
 # Final validation loss vs the undisturbed run. A resumed run repeats the same data
 # order from the checkpoint, so the redone steps are (up to Gloo's reduction order)
 # the same computation; the residual differences are float non-associativity and, for the
@@ -379,11 +383,8 @@ class Faults(unittest.TestCase):
 
     def test_kill_rank0(self):
         """Rank 0 hosted the rendezvous store: its replacement (a new pod IP behind the same
-        name) hosts a fresh one and the survivors reconnect; replaced in place too. Paced
-        (rank 1 sleeps 0.1 s a step) so that the kill lands in a local phase, not after the
-        last step, however fast the runtime is: unpaced, the job's reported step 20 could lag
-        the workers' last one, and a peer lost in the final synchronization is a gang restart."""
-        self.start(debug={"injectStepDelay": {"rank": 1, "seconds": 0.1}})
+        name) hosts a fresh one and the survivors reconnect; replaced in place too. PACED."""
+        self.start(debug=PACED)
         self.wait_checkpoint(16)
         self.wait_step(20)
         self.kill_workers(0)
@@ -503,10 +504,8 @@ class Faults(unittest.TestCase):
     def test_sigterm_pods(self):
         """SIGTERM every worker: they checkpoint at the next sync point (well within the
         30 s grace period) and exit 143, which is retryable: the next generation resumes
-        from that checkpoint, so (almost) nothing is redone. Paced like test_kill_rank0 (rank
-        1 sleeps 0.1 s a step): unpaced, the workers can reach their last step before the
-        SIGTERM lands, and the job then succeeds with no restart to check."""
-        self.start(debug={"injectStepDelay": {"rank": 1, "seconds": 0.1}})
+        from that checkpoint, so (almost) nothing is redone. PACED."""
+        self.start(debug=PACED)
         self.wait_step(20)
         t_term = time.time()
         for r in range(WORLD):

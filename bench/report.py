@@ -113,6 +113,34 @@ def write_report(out, args, cfg_common, results, gemm, links, skipped, started, 
         A(f"| {layout} | {scen} | {on['syncs']} | {fmt(on['sync_wait_s'], 3)} | {fmt(r['sync_wait_s'], 3)} "
           f"| {fmt(100 * hidden, 0) + '%' if hidden is not None else '–'} | {fmt(on['tps'], 0)} | {fmt(r['tps'], 0)} |")
     A("")
+    # Across 100 Mbit/s a round outlasts a step: prefetch (layer-wise, within the sync step)
+    # cannot hide it, an overlapped round (algorithm.overlapSteps = d) runs behind d steps.
+    overlaps = sorted(k for k in results if k[1] == "link100" and k[2].startswith("edit+overlap"))
+    if overlaps:
+        A("## Overlapped rounds across 100 Mbit/s (edit, algorithm.overlapSteps = d)")
+        A("")
+        A("Sync wait as above (an overlapped round's remaining exchange is waited for under the same "
+          "op); hidden = 1 - wait(variant) / wait(prefetch off); val loss vs plain edit (d = 0) at "
+          "equal tokens, since d > 0 applies each outer step d local steps late.")
+        A("")
+        A("| layout | variant | syncs | sync wait (s) | hidden | steady tok/s | x edit | val loss | vs edit |")
+        A("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for layout, scen, m in overlaps:
+        r, base = results[(layout, scen, m)], results.get((layout, scen, "edit"))
+        off = results.get((layout, scen, "edit+noprefetch"))
+        if not (r.get("ok") and base and base.get("ok")):
+            continue
+        hidden = None
+        if off and off.get("ok") and off["sync_wait_s"] > 0:
+            hidden = 1 - r["sync_wait_s"] / off["sync_wait_s"]
+            prefetch[(layout, scen, m)] = hidden
+        loss_diff = r["val_loss"] / base["val_loss"] - 1 if r.get("val_loss") and base.get("val_loss") else None
+        A(f"| {layout} | {m} | {r['syncs']} | {fmt(r['sync_wait_s'], 3)} "
+          f"| {fmt(100 * hidden, 0) + '%' if hidden is not None else '–'} | {fmt(r.get('tps_steady'), 0)} "
+          f"| {fmt(ratio(r.get('tps_steady'), base.get('tps_steady')))} | {fmt(r.get('val_loss'), 4)} "
+          f"| {fmt(100 * loss_diff, 2) + '%' if loss_diff is not None else '–'} |")
+    if overlaps:
+        A("")
     A("## Memory: the outer state")
     A("")
     A("Analytic extra memory of EDiT's outer state (outer weights + outer momentum, fp32, per "
@@ -237,6 +265,12 @@ def targets(results, gemm, prefetch):
             if h is not None:
                 out.append(f"[{l}, {s}] prefetch hides {100 * h:.0f}% of the blocked layer-wise sync time "
                            f"(target >= 50%: {'met' if h >= 0.5 else 'missed'}).")
+        for (pl, ps, *variant), h in sorted(prefetch.items()):
+            if pl == l and variant and h is not None:
+                lv, bv = get(l, ps, variant[0], "val_loss"), get(l, ps, "edit", "val_loss")
+                cost = f", validation loss {100 * (lv / bv - 1):+.2f}% vs d = 0" if lv and bv else ""
+                out.append(f"[{l}, {ps}] {variant[0]} hides {100 * h:.0f}% of the sync wait "
+                           f"(target >= 50%: {'met' if h >= 0.5 else 'missed'}{cost}).")
         g = get(l, "normal", "ddp", "gflops_steady")
         if g and gemm:
             v = g / gemm["machine_model_gflops"]

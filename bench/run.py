@@ -4,7 +4,8 @@
 Runs the `tiny` preset on the Brown corpus with 4 workers in two layouts (4 replicas x 1
 shard and 2 replicas x 2 shards), every mode (ddp, localsgd, diloco, edit, a-edit) in every
 scenario (normal, consistent straggler, random straggler, a 100 Mbit/s and a 20 Mbit/s
-link between replicas), plus edit with prefetch off and with offloadOuterState on, and the
+link between replicas), plus edit with prefetch off, edit with overlapped rounds on the 100
+Mbit/s link, edit with offloadOuterState on, and the
 GEMM microbenchmark; writes bench/results/<date>/results.md, results.json and PNG plots.
 
     bench/run.sh                 # the full sweep (about 30 minutes on 2 cores)
@@ -366,7 +367,11 @@ def parse_args(argv):
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of " + ",".join(SCENARIOS))
     p.add_argument("--layouts", default=",".join(LAYOUTS), help="comma list of 4x1,2x2")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--no-extras", action="store_true", help="skip the prefetch-off and default-OpenBLAS runs")
+    p.add_argument("--no-extras", action="store_true",
+                   help="skip the prefetch-off, overlapped-round and default-OpenBLAS runs")
+    p.add_argument("--overlap-steps", default="2,4",
+                   help="comma list of algorithm.overlapSteps values for the edit+overlapD runs on the "
+                        "100 Mbit/s link (the round's exchange runs behind that many local steps)")
     p.add_argument("--offload-run", action="store_true",
                    help="also run edit with offloadOuterState=true (a no-op on CPU; off by default)")
     p.add_argument("--steps", type=int, help="steps per run (default 40, quick 6)")
@@ -393,6 +398,9 @@ def parse_args(argv):
     a.batch = a.batch or 4
     a.seq = a.seq or (64 if q else 128)
     a.coretype = blas_coretype(a.openblas_coretype)
+    a.overlap_steps = [int(d) for d in a.overlap_steps.split(",") if d.strip()]
+    if any(d < 1 for d in a.overlap_steps):
+        p.error(f"--overlap-steps: each value must be >= 1 (0 is the plain edit run); got {a.overlap_steps}")
     return a
 
 
@@ -588,6 +596,11 @@ checkpoint:
                     do_run(layout, scen, mode, mode, extra)
                 if not args.no_extras and "edit" in modes and scen in ("normal", "link100"):
                     do_run(layout, scen, "edit+noprefetch", "edit", ["algorithm.prefetch=false"])
+                # Across 100 Mbit/s one round outlasts a whole step, so layer-wise prefetch
+                # cannot hide it; an overlapped round runs behind the next d local steps.
+                if not args.no_extras and "edit" in modes and scen == "link100":
+                    for d in args.overlap_steps:
+                        do_run(layout, scen, f"edit+overlap{d}", "edit", [f"algorithm.overlapSteps={d}"])
                 if not args.no_extras and "ddp" in modes and scen == "normal" and args.coretype \
                         and layout == "4x1":
                     do_run(layout, scen, "ddp+defaultblas", "ddp", [], blas=False)

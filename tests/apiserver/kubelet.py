@@ -6,15 +6,15 @@ pods gracefully on deletion.
 On the host each container runs under a shim (shim.py) that records how it ended, so
 a kubelet started after a crash of the stand-in (SIGKILL) adopts the pods' processes
 that are still running instead of starting them again: containers outlive a restart of
-a real API server or kubelet too. A stand-in stopped with SIGTERM stops its pods."""
+a real API server or kubelet too. A stand-in stopped with SIGTERM stops its pods.
+
+How one container starts, is probed and ends lives in containers.py; this file runs the
+pods: nodes, binding, the pod worker, pod status, DNS entries and signals."""
 import copy
-import json
 import os
 import queue
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,8 +23,8 @@ import errors
 import images as imagesmod
 import podenv
 import scheduler
-from shim import AdoptedProcess, read_exit as read_shim_exit, read_pid as read_shim_pid
-import urllib.request
+from containers import Container
+from shim import AdoptedProcess
 from proxy import ServiceProxy
 from hostsfile import HostsFile
 from selection import match_labels
@@ -33,41 +33,6 @@ from store import now_iso
 SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP,
            "CONT": signal.SIGCONT, "INT": signal.SIGINT, "HUP": signal.SIGHUP,
            "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2}
-BACKOFF_START, BACKOFF_MAX = 1.0, 10.0     # the real kubelet: 10 s doubling to 5 min
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # probes go to the pod
-CHROOT_EXEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chroot_exec.py")
-SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim.py")
-
-
-class Container:
-    def __init__(self, spec, log_path):
-        self.spec, self.name, self.log_path = spec, spec["name"], log_path
-        self.proc = None
-        self.restarts = 0
-        self.state = {"waiting": {"reason": "ContainerCreating"}}
-        self.last_state = {}
-        self.next_start = 0.0
-        self.done = False                    # terminated and not restarting
-        self.image_id = ""                   # image mode: the image it runs
-        # terminationMessagePath on the host (process mode): emptied at each start, read
-        # into the terminated state's message as the real kubelet does.
-        self.term_path = log_path[:-len(".log")] + ".termination-log" if log_path.endswith(".log") else None
-        # The shim's status files (process mode): <base>.pid, <base>.exit.
-        self.shim_base = log_path[:-len(".log")] + ".shim" if log_path.endswith(".log") else None
-        # readinessProbe (httpGet or tcpSocket): its last result, when it is due next.
-        self.probe = spec.get("readinessProbe") or {}
-        self.probe_ok = not self.probe
-        self.probe_due = 0.0
-
-    def running(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def workload_pid(self):
-        """The container's own process (not its shim's), for /standin/processes."""
-        if self.proc is None:
-            return None
-        pid = read_shim_pid(self.shim_base) if self.shim_base else None  # none in image mode
-        return pid or self.proc.pid
 
 
 class PodRuntime:
@@ -314,22 +279,28 @@ class Kubelet:
                                                                   md["name"], md["uid"]))
         os.makedirs(pod_dir, exist_ok=True)
         rp = PodRuntime(pod, self._allocate_ip(), pod_dir)
-        rp.containers = [Container(c, os.path.join(pod_dir, c["name"] + ".log"))
+        rp.containers = [Container(c, os.path.join(pod_dir, c["name"] + ".log"), self.images is not None)
                          for c in pod["spec"].get("containers") or []]
         with self.lock:
             self.runtimes[rp.uid] = rp
         threading.Thread(target=self._run_pod, args=(rp, pod), name="pod-" + rp.name,
                          daemon=True).start()
 
-    def _base_env(self, rp):
-        env = dict(os.environ)
-        env["PATH"] = ":".join(self.path_prepend + [os.environ.get("PATH", "/usr/bin:/bin")])
-        env["HOSTNAME"] = rp.hostname
-        env["STANDIN_POD_DIR"] = rp.dir
+    def _pod_env(self, rp):
+        """What the kubelet adds to every container's environment."""
+        env = {"HOSTNAME": rp.hostname}
         if self.api_url:
             hostport = self.api_url.split("://", 1)[-1]
-            env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"] = \
-                hostport.rsplit(":", 1)
+            env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"] = hostport.rsplit(":", 1)
+        return env
+
+    def _base_env(self, rp):
+        """Process mode: the stand-in's environment (the host is the image), its PATH
+        additions, and the pod's directory (where its volumes live)."""
+        env = dict(os.environ)
+        env["PATH"] = ":".join(self.path_prepend + [os.environ.get("PATH", "/usr/bin:/bin")])
+        env["STANDIN_POD_DIR"] = rp.dir
+        env.update(self._pod_env(rp))
         return env
 
     def _adopt(self, pod):
@@ -387,7 +358,7 @@ class Kubelet:
                     os.chmod(volumes[vol["name"]], 0o777)
         policy = pod["spec"].get("restartPolicy", "Always")
         for spec in [] if adopted else pod["spec"].get("initContainers") or []:
-            c = Container(spec, os.path.join(rp.dir, "init-" + spec["name"] + ".log"))
+            c = Container(spec, os.path.join(rp.dir, "init-" + spec["name"] + ".log"), self.images is not None)
             rp.init = c
             code = self._launch(rp, pod, c, lookup, volumes)
             code = c.proc.wait() if c.proc else code
@@ -408,7 +379,7 @@ class Kubelet:
                     continue
                 if c.proc is not None and c.proc.poll() is not None:
                     changed = True
-                    self._exited(c, policy)
+                    c.exited(policy)
                 elif c.proc is None and not c.done and time.monotonic() >= c.next_start:
                     changed = True
                     self._launch(rp, pod, c, lookup, volumes)
@@ -417,7 +388,7 @@ class Kubelet:
                 self._finish(rp, "Failed" if failed else "Succeeded")
                 return
             for c in rp.containers:
-                changed |= self._probe(rp, c)
+                changed |= c.probe(rp.ip)
             if changed:
                 self._publish(rp)
             time.sleep(0.05)
@@ -425,238 +396,15 @@ class Kubelet:
         for c in rp.containers:
             if c.proc is not None:
                 c.proc.wait()
-                self._exited(c, "Never")
+                c.exited("Never")
         self._publish(rp)
 
     def _launch(self, rp, pod, c, lookup, volumes):
         if rp.stopping or self.stopped.is_set():
             return None                        # deleted while starting
         if self.images is not None:
-            return self._launch_in_image(rp, pod, c, lookup, volumes)
-        mounts = podenv.mount_map(c.spec, volumes)
-        if c.term_path:
-            # The container's terminationMessagePath names this file in its arguments and
-            # env values (no mount namespaces: translated like a volume's path).
-            with open(c.term_path, "w"):
-                pass
-            mounts = [(c.spec.get("terminationMessagePath") or "/dev/termination-log", c.term_path)] + mounts
-        try:
-            argv, env = podenv.build(pod, c.spec, self._base_env(rp), lookup, mounts)
-        except podenv.ConfigError as e:
-            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
-            c.next_start = time.monotonic() + 1.0
-            return None
-        if not argv:
-            return self._start_error(c, "the stand-in kubelet runs command/args only "
-                                        "(images are not run)")
-        cwd = c.spec.get("workingDir")
-        cwd = podenv.translate(cwd, mounts) if cwd else rp.dir
-        if not os.path.isdir(cwd):
-            cwd = rp.dir
-        for suffix in (".pid", ".exit"):
-            try:
-                os.unlink(c.shim_base + suffix)
-            except OSError:
-                pass
-        log = open(c.log_path, "ab")
-        try:
-            c.proc = subprocess.Popen([sys.executable, "-I", "-S", SHIM, c.shim_base, "--"] + argv,
-                                      env=env, cwd=cwd, stdout=log,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True)
-        except OSError as e:
-            log.close()
-            return self._start_error(c, "shim: %s" % e.strerror)
-        log.close()
-        c.state = {"running": {"startedAt": now_iso()}}
-        return None
-
-    # ---- image mode ----------------------------------------------------------------------
-    def _image_user(self, pod, spec, img):
-        """(uid, gid, supplementary groups, home): the container's securityContext, then the
-        pod's, then the image's USER; runAsNonRoot refuses uid 0 as the real kubelet does."""
-        psc = pod["spec"].get("securityContext") or {}
-        csc = spec.get("securityContext") or {}
-        try:
-            uid, gid, home = img.default_user()
-        except imagesmod.ImageError as e:
-            raise podenv.ConfigError(str(e))
-        if csc.get("runAsUser", psc.get("runAsUser")) is not None:
-            uid = int(csc.get("runAsUser", psc.get("runAsUser")))
-            pw = img.passwd(str(uid))
-            home = pw[2] if pw else "/"
-            gid = pw[1] if pw and gid is None else gid
-        if csc.get("runAsGroup", psc.get("runAsGroup")) is not None:
-            gid = int(csc.get("runAsGroup", psc.get("runAsGroup")))
-        if gid is None:
-            gid = 0
-        if csc.get("runAsNonRoot", psc.get("runAsNonRoot")) and uid == 0:
-            raise podenv.ConfigError('container has runAsNonRoot and image will run as root '
-                                     '(pod: "%s_%s", container: %s)' % (
-                                         pod["metadata"]["name"], pod["metadata"]["namespace"], spec["name"]))
-        groups = [gid] + [int(g) for g in psc.get("supplementalGroups") or []]
-        if psc.get("fsGroup") is not None:
-            groups.append(int(psc["fsGroup"]))
-        return uid, gid, sorted(set(groups)), home
-
-    def _launch_in_image(self, rp, pod, c, lookup, volumes):
-        """Runs the container's command (or the image's ENTRYPOINT/CMD) inside the image's
-        root filesystem with the pod's env, volumes (bind mounts: no path translation),
-        working directory and user."""
-        try:
-            img = self.images.get(c.spec.get("image", ""))
-        except imagesmod.ImageError as e:
-            c.state = {"waiting": {"reason": "ErrImagePull", "message": str(e)}}
-            c.next_start = time.monotonic() + BACKOFF_MAX
-            return None
-        c.image_id = img.id
-        spec = dict(c.spec)
-        if not spec.get("command"):                # Kubernetes' ENTRYPOINT/CMD rules
-            spec["command"] = list(img.entrypoint)
-            if not spec.get("args"):
-                spec["args"] = list(img.cmd)
-        base = dict(e.split("=", 1) for e in img.env if "=" in e)
-        base["HOSTNAME"] = rp.hostname
-        if self.api_url:
-            hostport = self.api_url.split("://", 1)[-1]
-            base["KUBERNETES_SERVICE_HOST"], base["KUBERNETES_SERVICE_PORT"] = hostport.rsplit(":", 1)
-        try:
-            argv, env = podenv.build(pod, spec, base, lookup, [])
-            uid, gid, groups, home = self._image_user(pod, c.spec, img)
-        except podenv.ConfigError as e:
-            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
-            c.next_start = time.monotonic() + 1.0
-            return None
-        if not argv:
-            return self._start_error(c, "no command: neither the container nor image %s sets one"
-                                        % img.ref)
-        env.setdefault("HOME", home)
-        binds = []
-        for m in c.spec.get("volumeMounts") or []:
-            host = volumes.get(m.get("name"))
-            if host is None:
-                continue
-            if m.get("subPath"):
-                host = os.path.join(host, m["subPath"])
-                os.makedirs(host, exist_ok=True)
-            binds.append([host, m.get("mountPath", "/"), bool(m.get("readOnly"))])
-        csc = c.spec.get("securityContext") or {}
-        layer = os.path.join(rp.dir, "rootfs", "%s-%d" % (c.name, c.restarts))
-        r, w = os.pipe()
-        launch = {"rootfs": img.rootfs, "layer": layer,
-                  "workdir": c.spec.get("workingDir") or img.workdir, "uid": uid, "gid": gid,
-                  "groups": groups, "readOnlyRoot": bool(csc.get("readOnlyRootFilesystem")),
-                  "binds": binds, "argv": argv, "statusFd": w}
-        log = open(c.log_path, "ab")
-        try:
-            c.proc = subprocess.Popen([sys.executable, "-I", CHROOT_EXEC, json.dumps(launch)],
-                                      env=env, cwd="/", stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                      pass_fds=(w,))
-        except OSError as e:
-            os.close(r)
-            return self._start_error(c, "chroot_exec: %s" % e.strerror)
-        finally:
-            os.close(w)
-            log.close()
-        # Empty once the exec succeeded (the pipe closes on exec); else why it failed.
-        with os.fdopen(r, "rb") as status:
-            failure = status.read().decode(errors="replace")
-        if failure:
-            c.proc.wait()
-            c.proc = None
-            return self._start_error(c, failure)
-        c.state = {"running": {"startedAt": now_iso()}}
-        return None
-
-    def _probe(self, rp, c):
-        """Runs a due readinessProbe (httpGet or tcpSocket; exec counts as passing) of a
-        running container; True when its readiness changed."""
-        if not c.probe:
-            return False
-        if not c.running():
-            was, c.probe_ok = c.probe_ok, False
-            c.probe_due = 0.0
-            return was
-        now = time.monotonic()
-        if c.probe_due == 0.0:
-            c.probe_due = now + float(c.probe.get("initialDelaySeconds", 0))
-        if now < c.probe_due:
-            return False
-        c.probe_due = now + float(c.probe.get("periodSeconds", 10))
-        timeout = float(c.probe.get("timeoutSeconds", 1))
-        ok = True
-        target = c.probe.get("httpGet") or c.probe.get("tcpSocket")
-        if target:
-            port = target.get("port")
-            if isinstance(port, str) and not port.isdigit():
-                port = next((p.get("containerPort") for p in c.spec.get("ports") or [] if p.get("name") == port), None)
-            try:
-                if c.probe.get("httpGet"):
-                    url = "http://%s:%s%s" % (rp.ip, port, target.get("path") or "/")
-                    with _NO_PROXY.open(url, timeout=timeout) as r:
-                        ok = 200 <= r.status < 400
-                else:
-                    socket.create_connection((rp.ip, int(port)), timeout=timeout).close()
-            except (OSError, ValueError, TypeError):
-                ok = False
-        was, c.probe_ok = c.probe_ok, ok
-        return was != ok
-
-    def _start_error(self, c, message):
-        c.state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": message,
-                                  "startedAt": now_iso(), "finishedAt": now_iso()}}
-        c.done = True
-        return 128
-
-    def _exited(self, c, policy):
-        code = c.proc.returncode
-        shim = read_shim_exit(c.shim_base) if c.shim_base and self.images is None else None
-        if shim and shim[1]:
-            c.proc = None
-            return self._start_error(c, shim[1])
-        started = c.state.get("running", {}).get("startedAt", now_iso())
-        term = {"exitCode": code if code >= 0 else 128 - code,
-                "reason": "Completed" if code == 0 else "Error",
-                "startedAt": started, "finishedAt": now_iso(),
-                "containerID": "standin://%d" % c.proc.pid}
-        if code < 0:
-            term["signal"] = -code
-        message = self._termination_message(c, code)
-        if message:
-            term["message"] = message
-        c.proc = None
-        if policy == "Always" or (policy == "OnFailure" and code != 0):
-            c.last_state = {"terminated": term}
-            c.restarts += 1
-            delay = min(BACKOFF_MAX, BACKOFF_START * 2 ** (c.restarts - 1))
-            c.next_start = time.monotonic() + delay
-            c.state = {"waiting": {"reason": "CrashLoopBackOff",
-                                   "message": "back-off %ds restarting failed container"
-                                              % delay}}
-        else:
-            c.state = {"terminated": term}
-            c.done = True
-
-    def _termination_message(self, c, code):
-        """The termination message file (at most 4 KiB), else with FallbackToLogsOnError and
-        a failure the log's tail (at most 80 lines and 2 KiB), as the kubelet does."""
-        text = ""
-        if c.term_path and self.images is None:
-            try:
-                with open(c.term_path, "rb") as f:
-                    text = f.read(4096).decode("utf-8", "replace")
-            except OSError:
-                pass
-        if not text and code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-            try:
-                with open(c.log_path, "rb") as f:
-                    f.seek(max(0, os.path.getsize(c.log_path) - 2048))
-                    tail = f.read().decode("utf-8", "replace")
-                text = "\n".join(tail.split("\n")[-81:])
-            except OSError:
-                pass
-        return text
+            return c.launch_in_image(self.images, pod, self._pod_env(rp), rp.dir, lookup, volumes)
+        return c.launch_process(pod, self._base_env(rp), rp.dir, lookup, volumes)
 
     def _finish(self, rp, phase):
         rp.phase = phase
@@ -677,7 +425,7 @@ class Kubelet:
                 st["podIP"], st["podIPs"] = rp.ip, [{"ip": rp.ip}]
                 st["hostIP"], st["hostIPs"] = "127.0.0.1", [{"ip": "127.0.0.1"}]
                 st["startTime"] = rp.started
-                st["containerStatuses"] = [self._cstatus(c) for c in rp.containers]
+                st["containerStatuses"] = [c.status() for c in rp.containers]
                 old = {c.get("type"): c for c in st.get("conditions") or []}
                 conds = []
                 for ctype, ok in (("PodReadyToStartContainers", True), ("Initialized", True),
@@ -697,13 +445,6 @@ class Kubelet:
                 self.store.mutate(self.pods_rt, rp.ns, rp.name, fn, "status")
             except errors.ApiError:
                 pass                            # deleted meanwhile
-
-    def _cstatus(self, c):
-        running = c.running()
-        return {"name": c.name, "image": c.spec.get("image", ""), "imageID": c.image_id,
-                "containerID": "standin://%d" % c.proc.pid if c.proc else "",
-                "ready": running and c.probe_ok, "started": running, "restartCount": c.restarts,
-                "state": copy.deepcopy(c.state), "lastState": copy.deepcopy(c.last_state)}
 
     # ---- DNS -----------------------------------------------------------------------------
     def _write_hosts(self):

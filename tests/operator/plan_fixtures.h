@@ -1,6 +1,8 @@
 // Inputs and readers shared by the planner's unit tests (unit_plan_test.cpp,
-// unit_recovery_test.cpp).
+// unit_recovery_test.cpp, unit_recovery_disruption_test.cpp).
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <ctime>
 #include <optional>
@@ -45,6 +47,28 @@ inline std::string condStatus(const json& st, const std::string& type) {
 inline std::string condReason(const json& st, const std::string& type) {
   const json* c = findCondition(st, type);
   return c ? c->value("reason", "") : "";
+}
+
+// ---- in-place recovery (unit_recovery_test.cpp, unit_recovery_disruption_test.cpp) ----
+
+// The status of a job that is running its first generation.
+inline const json kRunning = {{"phase", "Running"}, {"restarts", 0}, {"restartGeneration", 0},
+                              {"startTime", "2027-01-15T08:00:00Z"}};
+
+inline bool hasEvent(const Plan& p, const std::string& type, const std::string& reason) {
+  for (const auto& e : p.events)
+    if (e.type == type && e.reason == reason) return true;
+  return false;
+}
+
+// A failure that must restart the whole gang: generation bumped, every pod deleted, no record.
+inline void expectGangRestart(const Plan& p) {
+  EXPECT_TRUE(p.gangRestarted);
+  EXPECT_EQ(p.status["restarts"], 1);
+  EXPECT_EQ(p.status["restartGeneration"], 1);
+  EXPECT_EQ(p.status.value("replicaRecoveries", 0), 0);
+  EXPECT_FALSE(p.status.contains("recovery"));
+  EXPECT_TRUE(p.recoveredRanks.empty());
 }
 
 }  // namespace edit::op::controller::plantest

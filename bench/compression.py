@@ -19,6 +19,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402
+from netns import NetNS  # noqa: E402
 from common import LAYOUTS, ROOT, TINY, blas_coretype, flops_per_token, fmt, log  # noqa: E402
 
 
@@ -145,12 +146,12 @@ def main(argv):
 
     link = None
     if not a.no_link:
-        ok, why = run.NetNS.available()
+        ok, why = NetNS.available()
         if not ok:
             log(f"link20 skipped: {why}")
             link = why
         else:
-            ns = run.NetNS()
+            ns = NetNS()
             try:
                 ns.setup(4, "20mbit")
                 mbit = ns.measure(2.0)

@@ -50,12 +50,18 @@ def parse(argv):
     p.add_argument("--tau", type=int, default=8)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--layouts", default="4x1,2x2", help="layouts of the bytes/loss runs")
+    p.add_argument("--layouts", default="4x1,2x2", help="layouts of the bytes/loss runs ('' skips them)")
+    p.add_argument("--link-codecs", default=",".join(CODECS),
+                   help="codecs of the 20 Mbit/s runs (none is always run: the ratios are to it)")
     p.add_argument("--no-link", action="store_true", help="skip the 20 Mbit/s scenario")
     p.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "runtime"))
     p.add_argument("--out", help="results folder (default bench/results/<date>)")
     a = p.parse_args(argv)
     a.quick = False
+    a.link_codecs = ["none"] + [c for c in a.link_codecs.split(",") if c and c != "none"]
+    unknown = [c for c in a.link_codecs if c not in CODECS]
+    if unknown:
+        p.error(f"--link-codecs: unknown {unknown}; choose from {','.join(CODECS)}")
     a.coretype = blas_coretype("auto")
     return a
 
@@ -158,7 +164,7 @@ def main(argv):
                 link = {}
                 for tau in [int(t) for t in a.link_taus.split(",") if t]:
                     steps = a.warmup + a.link_rounds * tau
-                    link[tau] = {c: one(a, tmp, "4x1", c, steps, ns, tau) for c in CODECS}
+                    link[tau] = {c: one(a, tmp, "4x1", c, steps, ns, tau) for c in a.link_codecs}
             finally:
                 ns.teardown()
             results["runs"]["4x1 link20"] = {"mbit": mbit, "by_tau": link}
@@ -191,8 +197,7 @@ def main(argv):
               "|---|---|---|---|---|---|---|---|---|"]
         for tau, runs in link["by_tau"].items():
             n = runs["none"]
-            for c in CODECS:
-                r = runs[c]
+            for c, r in runs.items():
                 bs = r.get("blocked_steady_frac")
                 ratio = r["tps_steady"] / n["tps_steady"] if r.get("tps_steady") and n.get("tps_steady") else None
                 L.append(f"| {tau} | {c} | {100 * r['blocked_frac']:.1f}% | {'-' if bs is None else f'{100 * bs:.1f}%'} | "

@@ -218,7 +218,9 @@ class Trainer {
   int64_t totalSteps_ = 0;
   int64_t step_ = 0;             // steps completed by this rank
   int64_t stepsSinceSync_ = 0;
-  double lastSyncTime_ = 0;
+  // A-EDiT's window: seconds since the last round began, taken when every rank leaves the
+  // round's control exchange, so that all replicas count from the same moment.
+  double lastSyncTime_ = 0, roundStartTime_ = 0;
   double localStepSeconds_ = 0;  // moving average of this rank's local step time (A-EDiT)
   uint64_t syncRounds_ = 0, anomalies_ = 0, tokens_ = 0;
   double lastPseudoGradNorm_ = 0;

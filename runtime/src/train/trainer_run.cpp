@@ -60,6 +60,11 @@ double Trainer::stepLoop(TrainResult& result) {
       if (isLocalMode() && t == cfg_.algorithm.warmupSteps && !outerReady_) initOuter();
       const bool sync = syncDue(t);
       const Boundary b = (sync || synchronousAt(t)) ? controlPoint(t, sync) : checkpointIfDue(t);
+      // Every rank leaves the round's world exchange together: the next A-EDiT window is
+      // timed from here on every replica. Timed from each replica's own end of the sync
+      // step instead, a straggler's window starts its extra step time late, it arrives
+      // that late at every round, and the others wait for it.
+      if (sync) roundStartTime_ = nowSeconds();
       if (b == Boundary::Stop) {
         result.stopped = true;
         break;
@@ -147,7 +152,7 @@ void Trainer::finishStep(int64_t t, double t0, bool sync, const StepOutcome& out
   tokens_ += static_cast<uint64_t>(cfg_.data.batchSize * cfg_.data.seqLen);
   if (out.synced) {
     endRound(t);
-    lastSyncTime_ = nowSeconds();
+    lastSyncTime_ = roundStartTime_;
     recordRound(out);
     stepsSinceSync_ = 0;
   }

@@ -218,8 +218,8 @@ class Trainer {
   int64_t totalSteps_ = 0;
   int64_t step_ = 0;             // steps completed by this rank
   int64_t stepsSinceSync_ = 0;
-  // A-EDiT's window: seconds since the last round began, taken when every rank leaves the
-  // round's control exchange, so that all replicas count from the same moment.
+  // A-EDiT's window is timed from lastSyncTime_: when every rank left the last round's
+  // world exchange (roundStartTime_, noted at each round), the same on every replica.
   double lastSyncTime_ = 0, roundStartTime_ = 0;
   double localStepSeconds_ = 0;  // moving average of this rank's local step time (A-EDiT)
   uint64_t syncRounds_ = 0, anomalies_ = 0, tokens_ = 0;

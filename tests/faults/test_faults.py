@@ -344,8 +344,8 @@ class Faults(unittest.TestCase):
     # ---- the faults -------------------------------------------------------------------
     def test_kill_worker(self):
         """SIGKILL rank 1 (replica 0, shard 1) mid-run, after the warm-up: only its pod is
-        recreated (EDIT_JOIN=1, same generation) and rejoins; no gang restart."""
-        self.start()
+        recreated (EDIT_JOIN=1, same generation) and rejoins; no gang restart. PACED."""
+        self.start(debug=PACED)
         self.wait_checkpoint(16)
         self.wait_step(20)
         self.kill_workers(1)
@@ -364,8 +364,8 @@ class Faults(unittest.TestCase):
 
     def test_kill_worker_gang_restart(self):
         """The same kill with runPolicy.replicaRecovery GangRestart: one gang restart from
-        the checkpoint, counted."""
-        self.start(replica_recovery="GangRestart")
+        the checkpoint, counted. PACED."""
+        self.start(replica_recovery="GangRestart", debug=PACED)
         self.wait_checkpoint(16)
         self.wait_step(20)
         self.kill_workers(1)
@@ -392,8 +392,8 @@ class Faults(unittest.TestCase):
 
     def test_kill_replica(self):
         """Both pods of replica 1 (ranks 2, 3) die at once: both are replaced in place, in
-        one recovery, taking the outer state from replica 0."""
-        self.start()
+        one recovery, taking the outer state from replica 0. PACED."""
+        self.start(debug=PACED)
         self.wait_checkpoint(16)
         self.wait_step(20)
         self.kill_workers(2, 3)
@@ -528,8 +528,8 @@ class Faults(unittest.TestCase):
     def test_hung_worker(self):
         """SIGSTOP one worker: no step advances; after hangTimeoutSeconds the operator marks
         the job Hung, sees that rank 1 alone went silent (the others keep sending heartbeats
-        from their collectives), kills it and replaces it in place: no gang restart."""
-        self.start(hang=10)
+        from their collectives), kills it and replaces it in place: no gang restart. PACED."""
+        self.start(hang=10, debug=PACED)
         self.wait_checkpoint(16)
         self.wait_step(20)
         self.kill_workers_with(1, sig="STOP")
@@ -543,8 +543,8 @@ class Faults(unittest.TestCase):
 
     def test_hung_worker_gang_restart(self):
         """The same hang under runPolicy.replicaRecovery GangRestart: Hung, then a gang
-        restart from the checkpoint (the stopped process dies by SIGKILL)."""
-        self.start(hang=10, replica_recovery="GangRestart")
+        restart from the checkpoint (the stopped process dies by SIGKILL). PACED."""
+        self.start(hang=10, replica_recovery="GangRestart", debug=PACED)
         self.wait_checkpoint(16)
         self.wait_step(20)
         self.kill_workers_with(1, sig="STOP")

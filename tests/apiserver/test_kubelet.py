@@ -107,30 +107,27 @@ class KubeletTest(StandInCase):
         self.assertEqual(last["exitCode"], 137)
         self.kubectl("delete", "pod", "sleeper", "--grace-period=1")
 
-    def wait_trapped(self, name):
-        """Waits until the pod's shell has set its trap (its script then touches
-        <tmp>/<name>.trapped). Running only says the process started: a SIGTERM that comes
-        before the trap (or, under load, before the shim's own handlers) ends it at once,
-        as it would end a real container that had not installed its handler yet."""
-        self.wait_phase(name, "Running")
+    def start_trapping_pod(self, name, on_term):
+        """A pod whose shell traps SIGTERM with on_term, once that trap is set (its script
+        then touches <tmp>/<name>.trapped). Running only says the process started: a
+        SIGTERM that comes before the trap (or, under load, before the shim's own handlers)
+        ends it at once, as it would end a real container that had not installed its
+        handler yet."""
         ready = os.path.join(self.s.tmp, name + ".trapped")
+        script = "trap %s TERM; touch %s; while true; do sleep 0.1; done" % (on_term, ready)
+        self.kubectl("apply", "-f", "-", input=pod(name, script))
+        self.wait_phase(name, "Running")
         self.s.wait_for(lambda: os.path.exists(ready), what="%s trapped SIGTERM" % name)
 
     def test_graceful_delete_sends_sigterm(self):
         marker = os.path.join(self.s.tmp, "got-term")
-        ready = os.path.join(self.s.tmp, "graceful.trapped")
-        script = 'trap "echo term > %s; exit 0" TERM; touch %s; while true; do sleep 0.1; done' % (marker, ready)
-        self.kubectl("apply", "-f", "-", input=pod("graceful", script))
-        self.wait_trapped("graceful")
+        self.start_trapping_pod("graceful", '"echo term > %s; exit 0"' % marker)
         self.kubectl("delete", "pod", "graceful", "--grace-period=10", "--wait=false")
         self.s.wait_for(lambda: self.get_pod("graceful") is None, what="pod gone")
         with open(marker) as f:
             self.assertEqual(f.read().strip(), "term")
         # A process that ignores SIGTERM is killed after the grace period.
-        ready = os.path.join(self.s.tmp, "stubborn.trapped")
-        self.kubectl("apply", "-f", "-", input=pod("stubborn", 'trap "" TERM; touch %s; '
-                                                   'while true; do sleep 0.1; done' % ready))
-        self.wait_trapped("stubborn")
+        self.start_trapping_pod("stubborn", '""')
         start = time.monotonic()
         self.kubectl("delete", "pod", "stubborn", "--grace-period=2", "--wait=false")
         self.assertIn("Terminating", self.kubectl("get", "pod", "stubborn").stdout)

@@ -439,8 +439,8 @@ class Faults(unittest.TestCase):
 
     def test_kill_operator(self):
         """SIGKILL the operator mid-run, start a new one: it adopts the running gang (no
-        pod recreated, no restart) and the job succeeds."""
-        self.start()
+        pod recreated, no restart) and the job succeeds. PACED."""
+        self.start(debug=PACED)
         pods0 = {p["metadata"]["uid"] for p in self.c.running_pods(self.ns, self.name, WORLD)}
         self.wait_step(20)
         self.c.stop_operator(signal.SIGKILL)
@@ -455,8 +455,8 @@ class Faults(unittest.TestCase):
         """Restart the API stand-in (state kept in --state, same port) mid-run. Its watches
         break and old resourceVersions give 410; its kubelet stops the pods' processes
         (SIGTERM, then SIGKILL after 2 s) and restarts the processes of the pods that
-        were running when it comes back. The operator re-lists and the job succeeds."""
-        self.start()
+        were running when it comes back. The operator re-lists and the job succeeds. PACED."""
+        self.start(debug=PACED)
         self.wait_checkpoint(16)
         self.wait_step(20)
         rv_before = self.c.get("/standin/state")
@@ -485,8 +485,8 @@ class Faults(unittest.TestCase):
         """SIGKILL the API stand-in with its kubelet mid-run and start it again: the workers
         never notice (containers outlive a restart of a real API server or kubelet), the
         new kubelet adopts their processes, the operator re-lists, and the job succeeds
-        with the same pods, no restart and no checkpoint read."""
-        self.start()
+        with the same pods, no restart and no checkpoint read. PACED."""
+        self.start(debug=PACED)
         pods0 = {p["metadata"]["uid"] for p in self.c.running_pods(self.ns, self.name, WORLD)}
         self.wait_checkpoint(16)
         self.wait_step(20)

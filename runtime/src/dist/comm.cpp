@@ -303,6 +303,14 @@ void Comm::alltoall(Group g, const torch::Tensor& send, torch::Tensor& recv) {
   count(g, "alltoall", static_cast<uint64_t>(n - 1) * (send.nbytes() / n), 0);
 }
 
+int64_t Comm::addCounter(const std::string& key, int64_t delta) {
+  try {
+    return store_->add(key, delta);
+  } catch (const std::exception& e) {
+    throw PeerLost("the job's store could not be reached (counter " + key + "): " + e.what());
+  }
+}
+
 void Comm::barrier(Group g) {
   auto* p = pg(g);
   if (!p) return;

@@ -96,6 +96,11 @@ class Comm {
   // In place: every rank of the group gets `root`'s `t` (root = rank within the group).
   void broadcast(Group g, torch::Tensor& t, int root);
 
+  // Adds `delta` to the counter `key` on the job's store, in this generation's namespace,
+  // and returns its new value (delta 0 reads it). A store that cannot be reached (its host,
+  // rank 0, is gone) is PeerLost, like a failed collective.
+  int64_t addCounter(const std::string& key, int64_t delta);
+
   // Counters (thread-safe). wait time is recorded by the waiter, see CommStream.
   void addWait(Group g, const std::string& op, double seconds);
   CommCounts counters() const;

@@ -1,6 +1,6 @@
 // The job's store as c10d sees it (a c10d::Store), over dist/kv_store.*: rank 0 hosts the
 // server and calls its table directly; every other rank is a client with one connection
-// and no background thread, which it can close while it trains (Rendezvous::closeClient).
+// and no background thread, which it can close while it trains (Rendezvous::formed).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>

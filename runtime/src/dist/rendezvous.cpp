@@ -41,10 +41,10 @@ Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(
   }
 }
 
-void Rendezvous::closeClient() {
+void Rendezvous::formed(bool keepConnection) {
   // The generation formed, so rank 0 has written the incarnation of its store.
   incarnation_ = text(store_->get(key("incarnation")));
-  static_cast<JobStore*>(store_.get())->close();
+  if (!keepConnection) static_cast<JobStore*>(store_.get())->close();
 }
 
 bool Rendezvous::closed() const { return static_cast<JobStore*>(store_.get())->closed(); }

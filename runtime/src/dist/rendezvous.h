@@ -13,7 +13,7 @@
 //
 // The store is our own (dist/kv_store.h): its client has no background thread, so rank 0
 // leaving or dying is an error of the next store call, never an abort. The other ranks
-// still close their connection while they train (closeClient), so rank 0 serves no idle
+// still close their connection while they train (formed), except where A-EDiT needs it,, so rank 0 serves no idle
 // connections, and open a new one at the next recovery.
 #pragma once
 
@@ -34,9 +34,10 @@ class Rendezvous {
 
   c10::intrusive_ptr<c10d::Store> store() const { return store_; }
   // Once the generation's process groups are formed (Gloo uses the store only to
-  // connect): closes this rank's connection to the store, unless it hosts the store. The
-  // next rejoin connects again.
-  void closeClient();
+  // connect): notes the store's incarnation and closes this rank's connection to the
+  // store, unless it hosts the store or keepConnection (A-EDiT posts its replicas'
+  // arrivals there while it trains). The next rejoin connects again.
+  void formed(bool keepConnection);
   int64_t generation() const { return generation_; }
   // Store prefix of the process groups of the current generation.
   std::string prefix() const;

@@ -78,7 +78,7 @@ void Trainer::setup() {
     roundComm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix() + "overlap/");
     roundStream_ = std::make_unique<CommStream>(*roundComm_, mesh_.device);
   }
-  rendezvous_->closeClient();  // the groups are formed (dist/rendezvous.h)
+  rendezvous_->formed(postsArrivals());  // the groups are formed (dist/rendezvous.h)
   stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
   units_ = buildUnits(shape_, comm_->shards(), comm_->shard(), cfg_.training.seed, device_);
   prefetchDepth_ = cfg_.algorithm.prefetch ? 1 : 0;
@@ -172,16 +172,38 @@ bool Trainer::syncDue(int64_t t) {
   const auto& a = cfg_.algorithm;
   if (!isLocalMode() || t <= a.warmupSteps || t == skipSyncAt_) return false;
   if (mode_.clock == SyncClock::Steps) return (t - a.warmupSteps) % a.syncInterval == 0;
-  // A-EDiT: time-based. Sync at the step boundary nearest the deadline: now, unless the
-  // next one (a step away, by this replica's recent local steps) is nearer. A slow replica
-  // then arrives at most half of its step early or late instead of up to a whole step late
-  // while the others wait. Every rank of a replica must decide alike: agree on the largest
-  // elapsed time and step time in the shard group (its ranks step in lockstep anyway).
-  auto v = torch::tensor({nowSeconds() - lastSyncTime_, localStepSeconds_}, torch::kFloat64);
+  // A-EDiT: time-based, in two parts (docs/algorithm.md, "A-EDiT's rounds").
+  // Arrival: the window is over at the step boundary nearest the deadline: now, unless the
+  // next one (a step away, by this replica's recent local steps) is nearer. The replica
+  // then posts its arrival on the job's store.
+  // Start: the round starts once every replica has arrived. Until then an arrived replica
+  // keeps making local steps instead of waiting in the round's first collective for a
+  // slower one, so a straggler costs the others at most part of one of their own steps.
+  // Every rank of a replica must decide alike: the shard group agrees on the largest
+  // elapsed time, step time and arrival count (its ranks step in lockstep anyway).
+  const std::string counter = "arrive/" + std::to_string(syncRounds_ + 1);
+  const std::string key = rendezvous_->prefix() + counter;
+  const bool arrived = arrivedKey_ == key;
+  const double mine = arrived && comm_->shard() == 0 ? static_cast<double>(comm_->addCounter(counter, 0)) : 0.0;
+  auto v = torch::tensor({nowSeconds() - lastSyncTime_, localStepSeconds_, mine}, torch::kFloat64);
   comm_->allreduce(Group::Shard, v, c10d::ReduceOp::MAX);
   const double elapsed = v[0].item<double>(), step = v[1].item<double>();
-  if (a.maxStepsPerSync > 0 && stepsSinceSync_ >= a.maxStepsPerSync) return true;
-  return elapsed + 0.5 * step >= a.syncSeconds && stepsSinceSync_ >= a.minStepsPerSync;
+  int64_t here = static_cast<int64_t>(v[2].item<double>());
+  const bool capped = a.maxStepsPerSync > 0 && stepsSinceSync_ >= a.maxStepsPerSync;
+  if (!arrived) {
+    if (!capped && (elapsed + 0.5 * step < a.syncSeconds || stepsSinceSync_ < a.minStepsPerSync)) return false;
+    arrivedKey_ = key;
+    auto n = torch::full({1}, comm_->shard() == 0 ? static_cast<double>(comm_->addCounter(counter, 1)) : 0.0,
+                         torch::kFloat64);
+    comm_->allreduce(Group::Shard, n, c10d::ReduceOp::MAX);
+    here = static_cast<int64_t>(n.item<double>());
+  }
+  // Wait in the round's collectives instead once the step cap is reached, or after one
+  // more window: a replica that never arrives (dead, or hung) is then found by the
+  // collectives' timeout, as in every other mode.
+  if (here >= comm_->replicas() || capped || elapsed >= 2 * a.syncSeconds) return true;
+  ++stepsAwaitingRound_;
+  return false;
 }
 
 Trainer::Control Trainer::exchangeControl(int64_t t) {

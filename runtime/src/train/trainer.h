@@ -61,6 +61,9 @@ struct TrainResult {
   double startupSeconds = 0;  // from run() to the first step (groups, weights, data, resume)
   uint64_t syncRounds = 0, anomalies = 0;
   uint64_t outerSkips = 0;   // units whose outer step a round skipped (every replica anomalous)
+  // A-EDiT: local steps this rank made after its replica arrived at a round, while a
+  // slower replica had not yet (time it would otherwise have waited).
+  int64_t stepsAwaitingRound = 0;
   int64_t resumedFrom = -1;  // checkpoint step resumed from (-1: fresh start)
   bool joined = false;       // started as a replacement (EDIT_JOIN=1)
   int recoveries = 0;        // in-place recoveries this process took part in
@@ -128,6 +131,8 @@ class Trainer {
   bool isLocalMode() const;
   bool synchronousAt(int64_t t) const;  // gradients averaged across replicas at step t
   bool syncDue(int64_t t);
+  // A-EDiT: this rank posts and reads its replica's arrivals on the job's store (syncDue).
+  bool postsArrivals() const { return mode_.clock == SyncClock::Seconds && mesh_.rank % mesh_.shards == 0; }
   Control exchangeControl(int64_t t);
   void initOuter();
   // The length of the part of a unit's slice (n elements) this rank owns in the compressed
@@ -221,6 +226,10 @@ class Trainer {
   // A-EDiT's window is timed from lastSyncTime_: when every rank left the last round's
   // world exchange (roundStartTime_, noted at each round), the same on every replica.
   double lastSyncTime_ = 0, roundStartTime_ = 0;
+  // The store key of the A-EDiT round this replica has posted its arrival for (syncDue);
+  // it names the rendezvous generation, so a recovery starts every arrival afresh.
+  std::string arrivedKey_;
+  int64_t stepsAwaitingRound_ = 0;
   double localStepSeconds_ = 0;  // moving average of this rank's local step time (A-EDiT)
   uint64_t syncRounds_ = 0, anomalies_ = 0, tokens_ = 0;
   double lastPseudoGradNorm_ = 0;

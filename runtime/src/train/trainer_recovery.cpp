@@ -95,7 +95,7 @@ bool Trainer::recoverInPlace(const PeerLost& e, TrainResult& result) {
     rendezvous_->rejoin(std::max(0.0, deadline - nowSeconds()), gTerminateRequested);
     try {
       comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
-      rendezvous_->closeClient();  // the groups are formed (dist/rendezvous.h)
+      rendezvous_->formed(postsArrivals());  // the groups are formed (dist/rendezvous.h)
       stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
       restoreFromPeers(false, &result);
       break;
@@ -136,7 +136,7 @@ void Trainer::joinRunningJob() {
         leaveGeneration();
         rendezvous_->join(std::max(0.0, deadline - nowSeconds()), gTerminateRequested);
         comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
-        rendezvous_->closeClient();  // the groups are formed (dist/rendezvous.h)
+        rendezvous_->formed(postsArrivals());  // the groups are formed (dist/rendezvous.h)
         stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
       }
       restoreFromPeers(true, nullptr);

@@ -29,6 +29,7 @@ TrainResult Trainer::run() {
   result.syncRounds = syncRounds_;
   result.anomalies = anomalies_;
   result.outerSkips = outerSkips_;
+  result.stepsAwaitingRound = stepsAwaitingRound_;
   result.comm = commCounters();
   result.memory = memoryPlan_;
   return result;

@@ -79,14 +79,14 @@ class EditRun(unittest.TestCase):
 
     def run_mode(self, mode, shards, sets=()):
         logs = os.path.join(self.d, f"logs-{mode}-{shards}")
-        extra = [f"algorithm.mode={mode}", "checkpoint.keep=100"] + list(sets)
+        extra = [f"algorithm.mode={mode}", "checkpoint.keep=100"]
         if mode == "a-edit":
             # The time window decides when the machine is slow; the step cap bounds it when
             # it is fast, so every run makes several sync rounds.
             extra += ["algorithm.syncSeconds=0.3", "algorithm.maxStepsPerSync=4"]
         if mode == "ddp":
             extra.append("checkpoint.everySteps=8")
-        args = list(extra)
+        args = extra + list(sets)  # the test's own settings win
         p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", str(shards), "--log-dir", logs]
                            + sum((["--set", s] for s in self.base_sets() + args), []),
                            capture_output=True, text=True, timeout=600)
@@ -151,6 +151,20 @@ class Robustness(EditRun):
         s = self.assert_trains("edit", 2, ["algorithm.overlapSteps=2", "algorithm.syncCompression=int8"])
         ops = {c["op"] for c in s[0]["comm"] if c["group"] == "sync" and c["bytes"] > 0}
         self.assertTrue({"alltoall", "allgather"} <= ops, ops)
+
+    def test_aedit_arrived_replica_steps_until_all_arrive(self):
+        # 2x2, replica 1 (ranks 2 and 3) sleeps 0.4 s a step, far longer than the 0.1 s
+        # window: replica 0 arrives first at every round and keeps making local steps until
+        # replica 1 has arrived, instead of waiting in the round's collectives. Both ranks of
+        # a replica decide alike, and the run still ends with identical replicas.
+        s = self.assert_trains("a-edit", 2, ["algorithm.syncSeconds=0.1", "algorithm.maxStepsPerSync=0",
+                                             "debug.injectStepDelay.rank=3", "debug.injectStepDelay.seconds=0.4"])
+        waited = [s[r]["steps_awaiting_round"] for r in range(4)]
+        print("steps made while awaiting the round, per rank:", waited, "rounds:", s[0]["sync_rounds"])
+        self.assertEqual(waited[0], waited[1], waited)
+        self.assertEqual(waited[2], waited[3], waited)
+        self.assertGreaterEqual(waited[0], s[0]["sync_rounds"], f"fast replica stepped while waiting: {waited}")
+        self.assertLess(waited[2], waited[0], waited)
 
     def test_aedit_tolerates_consistent_straggler(self):
         # Rank 3 sleeps ~ twice its own step time every step: it makes fewer local steps per

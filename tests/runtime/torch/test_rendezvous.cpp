@@ -31,7 +31,7 @@ MeshSpec spec(int rank, int port, bool join = false) {
 std::vector<std::unique_ptr<Rendezvous>> startJob(int port) {
   std::vector<std::unique_ptr<Rendezvous>> r;
   for (int k = 0; k < kWorld; ++k) r.push_back(std::make_unique<Rendezvous>(spec(k, port)));
-  for (auto& x : r) x->closeClient();
+  for (auto& x : r) x->formed(false);
   return r;
 }
 
@@ -67,7 +67,7 @@ std::vector<int64_t> loseRankZero(std::vector<std::unique_ptr<Rendezvous>>& r, i
   }
   for (auto& t : ts) t.join();
   if (gen == std::vector<int64_t>(kWorld, 1))
-    for (auto& x : r) x->closeClient();
+    for (auto& x : r) x->formed(false);
   return gen;
 }
 
@@ -79,7 +79,7 @@ void loseRankTwo(std::vector<std::unique_ptr<Rendezvous>>& r, int port) {
   r[2] = std::make_unique<Rendezvous>(spec(2, port, /*join=*/true));
   r[2]->join(kTimeout, kNoCancel);
   for (auto& t : ts) t.join();
-  for (auto& x : r) x->closeClient();
+  for (auto& x : r) x->formed(false);
 }
 
 }  // namespace

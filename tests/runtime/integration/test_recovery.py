@@ -142,6 +142,15 @@ class Recovery(unittest.TestCase):
         with open(os.path.join(self.logs, "rank-1.log")) as f:
             self.assertIn("recovered in place (generation 1", f.read())
 
+    def test_aedit_M2_N2_rank0_lost(self):
+        # A-EDiT keeps a store connection on each replica's shard rank 0 (rank 2 here) for
+        # the rounds' arrivals: when rank 0, the store's host, dies, that connection fails
+        # like any peer and rank 2 reconnects to the replacement's fresh store.
+        self.recover("a-edit", 2, 0, ["algorithm.syncSeconds=0.3", "algorithm.maxStepsPerSync=4"])
+        for r in (1, 2, 3):
+            with open(os.path.join(self.logs, f"rank-{r}.log")) as f:
+                self.assertIn("recovered in place (generation 1", f.read(), f"rank {r}")
+
     def test_connection_lost_during_the_state_copy_is_retried(self):
         # Issue 19's race: a survivor loses a connection while the replacement arrives and
         # copies its state. Here rank 1, the source of shard 1's outer state for rank 3's
@@ -250,9 +259,21 @@ class StoreConnections(unittest.TestCase):
         """The ranks other than rank 0 hold no connection to the store while they train
         (docs/replica-recovery.md): rank 0 serves no idle connections, and a rank 0 that
         leaves mid-round touches no one until the next recovery. Rank 0 hosts it."""
+        held = self.store_connections_while_training("edit")
+        for r in (0, 1, 2, 3):
+            self.assertEqual(held[r], 0, f"rank {r} keeps {held[r]} connection(s) to the store: {held}")
+
+    def test_aedit_keeps_one_store_connection_per_replica(self):
+        """A-EDiT posts each replica's arrival at a round on the store: the shard rank 0 of
+        each replica but rank 0's (rank 2 in 2x2) keeps one connection; the others none."""
+        held = self.store_connections_while_training("a-edit", ["algorithm.syncSeconds=0.05"])
+        self.assertEqual(held, {0: 0, 1: 0, 2: 1, 3: 0})
+
+    def store_connections_while_training(self, mode, extra=()):
+        """{rank: connections to MASTER_PORT} of a 2x2 run well past its warm-up."""
         logs = os.path.join(self.d, "logs")
-        sets = self.base_sets() + ["algorithm.mode=edit", "training.steps=400", "training.logEvery=1",
-                                   f"checkpoint.dir={self.d}/ck"]
+        sets = self.base_sets() + [f"algorithm.mode={mode}", "training.steps=400", "training.logEvery=1",
+                                   f"checkpoint.dir={self.d}/ck"] + list(extra)
         p = subprocess.Popen([EDIT_RUN, "--nproc", "4", "--shards", "2", "--log-dir", logs, "--quiet"]
                              + sum((["--set", x] for x in sets), []),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -278,9 +299,7 @@ class StoreConnections(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, f"workers {pids} outlived a SIGKILLed edit-run")
             time.sleep(0.2)
         self.assertEqual(served, 1, "rank 0 does not listen on MASTER_PORT")
-        for r in (0, 1, 2, 3):
-            self.assertEqual(held[r], 0, f"rank {r} keeps {held[r]} connection(s) to the store: {held}")
-
+        return held
 
 def zombie(pid):
     """True when process `pid` has exited and waits to be reaped (state Z)."""

@@ -6,6 +6,7 @@ bench/run.py (blocked share and steady tokens/s).
 
     python3 bench/compression.py                       # writes bench/results/<date>/compression.md
     python3 bench/compression.py --steps 40 --no-link  # shorter, without the link scenario
+    python3 bench/compression.py --codecs none,int8 --seeds 3 --no-link  # loss over 3 seeds
 
 Reuses run.py's launcher, analysis and network namespaces; same tiny preset and Brown data.
 """
@@ -51,6 +52,11 @@ def parse(argv):
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--layouts", default="4x1,2x2", help="layouts of the bytes/loss runs ('' skips them)")
+    p.add_argument("--codecs", default=",".join(CODECS),
+                   help="codecs of the bytes/loss runs (none is always run: the differences are to it)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="loss runs per codec, with training.seed 1..N (init and data order): one run's "
+                        "difference is within run-to-run noise, the mean over seeds less so")
     p.add_argument("--link-codecs", default=",".join(CODECS),
                    help="codecs of the 20 Mbit/s runs (none is always run: the ratios are to it)")
     p.add_argument("--no-link", action="store_true", help="skip the 20 Mbit/s scenario")
@@ -58,10 +64,14 @@ def parse(argv):
     p.add_argument("--out", help="results folder (default bench/results/<date>)")
     a = p.parse_args(argv)
     a.quick = False
-    a.link_codecs = ["none"] + [c for c in a.link_codecs.split(",") if c and c != "none"]
-    unknown = [c for c in a.link_codecs if c not in CODECS]
-    if unknown:
-        p.error(f"--link-codecs: unknown {unknown}; choose from {','.join(CODECS)}")
+    for flag in ("codecs", "link_codecs"):
+        codecs = ["none"] + [c for c in getattr(a, flag).split(",") if c and c != "none"]
+        unknown = [c for c in codecs if c not in CODECS]
+        if unknown:
+            p.error(f"--{flag.replace('_', '-')}: unknown {unknown}; choose from {','.join(CODECS)}")
+        setattr(a, flag, codecs)
+    if a.seeds < 1:
+        p.error("--seeds: at least 1")
     a.coretype = blas_coretype("auto")
     return a
 
@@ -97,13 +107,14 @@ def sync_bytes(workers):
     return out
 
 
-def one(a, tmp, layout, comp, steps, netns=None, tau=None, tag=None):
+def one(a, tmp, layout, comp, steps, netns=None, tau=None, tag=None, seed=None):
     base = os.path.join(tmp, f"base-{steps}.yaml")
     base_config(a, base, steps)
     a.base_config = base
     run_id = (f"{layout}-{comp.replace('+', '-')}-{tag or ('link20' if netns else 'normal')}"
-              + (f"-tau{tau}" if tau else ""))
-    sets = settings(comp, tau or a.tau) + ([f"algorithm.syncInterval={tau}"] if tau else [])
+              + (f"-tau{tau}" if tau else "") + (f"-seed{seed}" if seed else ""))
+    sets = (settings(comp, tau or a.tau) + ([f"algorithm.syncInterval={tau}"] if tau else [])
+            + ([f"training.seed={seed}"] if seed else []))
     log(f"run {run_id}")
     workers, wall = run.launch(a, tmp, run_id, layout, sets, netns=netns, timeout=3600)
     cfg = dict(mode="edit", warmup=a.warmup, tokens_per_step=a.batch * a.seq)
@@ -143,12 +154,14 @@ def main(argv):
     tmp = tempfile.mkdtemp(prefix="edit-bench-compression-")
     results = {"args": {k: v for k, v in vars(a).items() if k != "base_config"}, "runs": {}}
     rows = []
+    seeds = list(range(1, a.seeds + 1)) if a.seeds > 1 else [None]  # None: the config's seed
     for layout in [l for l in a.layouts.split(",") if l]:
-        runs = {c: one(a, tmp, layout, c, a.steps) for c in CODECS}
-        warm = {c: one(a, tmp, layout, c, a.warmup, tag="warmup-only") for c in CODECS}
-        br = per_round(runs, warm)
-        results["runs"][f"{layout} normal"] = dict(runs, bytes_per_round=br)
-        rows.append((layout, runs, br))
+        by_seed = {sd: {c: one(a, tmp, layout, c, a.steps, seed=sd) for c in a.codecs} for sd in seeds}
+        warm = {c: one(a, tmp, layout, c, a.warmup, tag="warmup-only") for c in a.codecs}
+        br = per_round(by_seed[seeds[0]], warm)  # bytes do not depend on the seed
+        results["runs"][f"{layout} normal"] = dict(by_seed[seeds[0]], bytes_per_round=br,
+                                                   by_seed={str(sd): r for sd, r in by_seed.items()})
+        rows.append((layout, by_seed, br))
 
     link = None
     if not a.no_link:
@@ -174,18 +187,27 @@ def main(argv):
         json.dump(results, f, indent=1, default=str)
     L = ["# int8 and int4 sync compression, and the overlapped round, against fp32 (issue 18)", "",
          f"tiny preset, Brown corpus, edit, batch {a.batch} x seq {a.seq} per worker, warm-up {a.warmup}, "
-         f"tau {a.tau}, block 256; one run each on a shared 2-core machine "
+         f"tau {a.tau}, block 256; {'one run' if a.seeds == 1 else f'{a.seeds} seeds'} each on a shared 2-core machine "
          f"({datetime.datetime.now():%Y-%m-%d %H:%M}). `python3 bench/compression.py`.", "",
          "## Bytes per rank per sync round (sync group) and validation loss at equal tokens", "",
          "| layout | steps | syncs | codec | bytes/round | of none | val loss | diff from none |",
          "|---|---|---|---|---|---|---|---|"]
-    for layout, runs, br in rows:
-        none = runs["none"]
-        for c in CODECS:
-            r = runs[c]
-            dl = (r["val_loss"] - none["val_loss"]) / none["val_loss"]
-            L.append(f"| {layout} | {a.steps} | {r['syncs']} | {c} | {br[c]:,.0f} | {100 * br[c] / br['none']:.1f}% | "
-                     f"{r['val_loss']:.4f} | {100 * dl:+.2f}% |")
+    for layout, by_seed, br in rows:
+        for c in a.codecs:
+            # One seed: its loss and difference. Several: the mean loss, and the mean
+            # difference from none over the seeds (each seed against its own none run) with
+            # its range.
+            diffs = [(r[c]["val_loss"] - r["none"]["val_loss"]) / r["none"]["val_loss"] for r in by_seed.values()]
+            losses = [r[c]["val_loss"] for r in by_seed.values()]
+            d = 100 * sum(diffs) / len(diffs)
+            spread = f" ({100 * min(diffs):+.2f}% to {100 * max(diffs):+.2f}%)" if len(diffs) > 1 else ""
+            r0 = next(iter(by_seed.values()))[c]
+            L.append(f"| {layout} | {a.steps} | {r0['syncs']} | {c} | {br[c]:,.0f} | {100 * br[c] / br['none']:.1f}% | "
+                     f"{sum(losses) / len(losses):.4f} | {d:+.2f}%{spread} |")
+    if a.seeds > 1:
+        L += ["", f"Loss columns over {a.seeds} seeds (training.seed 1..{a.seeds}: initial weights and data "
+              "order): the mean validation loss, and the mean difference from none, each seed against "
+              "its own none run (min to max in brackets)."]
     L += ["", "Targets (issue 18): int8 bytes <= 30% of none; validation loss within 0.5%. "
           f"int8+overlap: int8 with algorithm.overlapSteps = {overlap_steps(a.tau)} (the round's "
           "exchange runs during that many local steps and its outer step lands then).", ""]

@@ -55,8 +55,9 @@ def parse(argv):
     p.add_argument("--codecs", default=",".join(CODECS),
                    help="codecs of the bytes/loss runs (none is always run: the differences are to it)")
     p.add_argument("--seeds", type=int, default=1,
-                   help="loss runs per codec, with training.seed 1..N (init and data order): one run's "
-                        "difference is within run-to-run noise, the mean over seeds less so")
+                   help="loss runs per codec, with training.seed S..S+N-1 (init and data order): one "
+                        "run's difference is within run-to-run noise, the mean over seeds less so")
+    p.add_argument("--first-seed", type=int, default=1, help="S of --seeds (to add seeds to an earlier study)")
     p.add_argument("--link-codecs", default=",".join(CODECS),
                    help="codecs of the 20 Mbit/s runs (none is always run: the ratios are to it)")
     p.add_argument("--no-link", action="store_true", help="skip the 20 Mbit/s scenario")
@@ -154,7 +155,7 @@ def main(argv):
     tmp = tempfile.mkdtemp(prefix="edit-bench-compression-")
     results = {"args": {k: v for k, v in vars(a).items() if k != "base_config"}, "runs": {}}
     rows = []
-    seeds = list(range(1, a.seeds + 1)) if a.seeds > 1 else [None]  # None: the config's seed
+    seeds = list(range(a.first_seed, a.first_seed + a.seeds)) if a.seeds > 1 else [None]  # None: the config's seed
     for layout in [l for l in a.layouts.split(",") if l]:
         by_seed = {sd: {c: one(a, tmp, layout, c, a.steps, seed=sd) for c in a.codecs} for sd in seeds}
         warm = {c: one(a, tmp, layout, c, a.warmup, tag="warmup-only") for c in a.codecs}
@@ -200,12 +201,12 @@ def main(argv):
             diffs = [(r[c]["val_loss"] - r["none"]["val_loss"]) / r["none"]["val_loss"] for r in by_seed.values()]
             losses = [r[c]["val_loss"] for r in by_seed.values()]
             d = 100 * sum(diffs) / len(diffs)
-            spread = f" ({100 * min(diffs):+.2f}% to {100 * max(diffs):+.2f}%)" if len(diffs) > 1 else ""
+            spread = f" ({100 * min(diffs):+.2f}% to {100 * max(diffs):+.2f}%)" if len(diffs) > 1 and c != "none" else ""
             r0 = next(iter(by_seed.values()))[c]
             L.append(f"| {layout} | {a.steps} | {r0['syncs']} | {c} | {br[c]:,.0f} | {100 * br[c] / br['none']:.1f}% | "
                      f"{sum(losses) / len(losses):.4f} | {d:+.2f}%{spread} |")
     if a.seeds > 1:
-        L += ["", f"Loss columns over {a.seeds} seeds (training.seed 1..{a.seeds}: initial weights and data "
+        L += ["", f"Loss columns over {a.seeds} seeds (training.seed {seeds[0]}..{seeds[-1]}: initial weights and data "
               "order): the mean validation loss, and the mean difference from none, each seed against "
               "its own none run (min to max in brackets)."]
     L += ["", "Targets (issue 18): int8 bytes <= 30% of none; validation loss within 0.5%. "

@@ -13,8 +13,9 @@
 //
 // The store is our own (dist/kv_store.h): its client has no background thread, so rank 0
 // leaving or dying is an error of the next store call, never an abort. The other ranks
-// still close their connection while they train (formed), except where A-EDiT needs it,, so rank 0 serves no idle
-// connections, and open a new one at the next recovery.
+// still close their connection while they train (formed), so rank 0 serves no idle
+// connections, and open a new one at the next recovery. A-EDiT's exception: each
+// replica's shard rank 0 keeps its connection to post the replica's arrivals.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>

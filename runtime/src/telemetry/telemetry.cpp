@@ -253,7 +253,10 @@ void TelemetryClient::Impl::run() {
     auto stream = stub->Stream(&ctx);
     std::thread reader([&] {
       pb::Command c;
-      while (stream->Read(&c)) noteCommand(c);
+      while (stream->Read(&c)) {
+        connected = true;  // a command proves the stream is up, even before our Write returns
+        noteCommand(c);
+      }
       std::lock_guard<std::mutex> lock(mu);
       streamBroken = true;
       cv.notify_all();

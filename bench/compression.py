@@ -58,6 +58,8 @@ def parse(argv):
                    help="loss runs per codec, with training.seed S..S+N-1 (init and data order): one "
                         "run's difference is within run-to-run noise, the mean over seeds less so")
     p.add_argument("--first-seed", type=int, default=1, help="S of --seeds (to add seeds to an earlier study)")
+    p.add_argument("--val-batches", type=int, default=16,
+                   help="data.valBatches of every run (batch x seq tokens each; more: a less noisy comparison)")
     p.add_argument("--link-codecs", default=",".join(CODECS),
                    help="codecs of the 20 Mbit/s runs (none is always run: the ratios are to it)")
     p.add_argument("--no-link", action="store_true", help="skip the 20 Mbit/s scenario")
@@ -85,7 +87,7 @@ data:
   val: {os.path.join(ROOT, 'data/brown/val.bin')}
   seqLen: {a.seq}
   batchSize: {a.batch}
-  valBatches: 16
+  valBatches: {a.val_batches}
 training: {{steps: {steps}, lr: 3.0e-3, minLr: 3.0e-4, lrWarmupSteps: {a.warmup}, logEvery: 1}}
 algorithm:
   mode: edit
@@ -201,14 +203,21 @@ def main(argv):
             diffs = [(r[c]["val_loss"] - r["none"]["val_loss"]) / r["none"]["val_loss"] for r in by_seed.values()]
             losses = [r[c]["val_loss"] for r in by_seed.values()]
             d = 100 * sum(diffs) / len(diffs)
-            spread = f" ({100 * min(diffs):+.2f}% to {100 * max(diffs):+.2f}%)" if len(diffs) > 1 and c != "none" else ""
+            spread = ""
+            if len(diffs) > 1 and c != "none":
+                # The seeds are independent pairs: the mean difference's standard error.
+                sd = (sum((x - sum(diffs) / len(diffs)) ** 2 for x in diffs) / (len(diffs) - 1)) ** 0.5
+                se = 100 * sd / len(diffs) ** 0.5
+                spread = (f" ({100 * min(diffs):+.2f}% to {100 * max(diffs):+.2f}%; "
+                          f"95% interval {d - 1.96 * se:+.2f}% to {d + 1.96 * se:+.2f}%)")
             r0 = next(iter(by_seed.values()))[c]
             L.append(f"| {layout} | {a.steps} | {r0['syncs']} | {c} | {br[c]:,.0f} | {100 * br[c] / br['none']:.1f}% | "
                      f"{sum(losses) / len(losses):.4f} | {d:+.2f}%{spread} |")
     if a.seeds > 1:
         L += ["", f"Loss columns over {a.seeds} seeds (training.seed {seeds[0]}..{seeds[-1]}: initial weights and data "
               "order): the mean validation loss, and the mean difference from none, each seed against "
-              "its own none run (min to max in brackets)."]
+              "its own none run (min to max in brackets, and the normal 95% interval of the mean: "
+              "mean +- 1.96 standard errors)."]
     L += ["", "Targets (issue 18): int8 bytes <= 30% of none; validation loss within 0.5%. "
           f"int8+overlap: int8 with algorithm.overlapSteps = {overlap_steps(a.tau)} (the round's "
           "exchange runs during that many local steps and its outer step lands then).", ""]

@@ -492,10 +492,13 @@ class Kubelet:
     def _signal_all(self, rp, sig, container=None):
         pids = []
         for c in rp.containers + ([rp.init] if rp.init else []):
-            if (container is None or c.name == container) and c.running():
+            # Read once: the kubelet's loop clears c.proc when the process exits, which may
+            # happen between a check and its use (faults.test_kill_replica once got a 500).
+            proc = c.proc
+            if (container is None or c.name == container) and proc is not None and proc.poll() is None:
                 try:
-                    os.killpg(c.proc.pid, sig)
-                    pids.append(c.proc.pid)
+                    os.killpg(proc.pid, sig)
+                    pids.append(proc.pid)
                 except OSError:
                     pass
         return pids

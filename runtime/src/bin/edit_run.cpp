@@ -29,6 +29,7 @@
 
 #include "bin/blas_env.h"
 #include "exit_codes.h"
+#include "scale_points.h"
 
 using nlohmann::json;
 
@@ -42,13 +43,15 @@ struct Options {
   std::string config, logDir;
   std::vector<std::string> sets;
   bool quiet = false;
+  std::string scaleAtText;                // EDIT_SCALE_AT for every worker
+  std::vector<edit::ScalePoint> scaleAt;  // --scale-at, parsed
 };
 
 [[noreturn]] void usage(int code) {
   std::cerr <<
       "usage: edit-run [--nproc N] [--shards S] [--config FILE] [--set key=value]...\n"
       "                [--master-port P] [--metrics-port P] [--log-dir DIR]\n"
-      "                [--max-recoveries K] [--quiet]\n"
+      "                [--max-recoveries K] [--scale-at STEP:M]... [--quiet]\n"
       "  Starts N workers (N = replicas x shards) of edit-train on this machine.\n"
       "  --nproc N         workers (default 4)\n"
       "  --shards S        shards per replica (ZeRO-3 group size); replicas = N / S\n"
@@ -59,6 +62,9 @@ struct Options {
       "  --log-dir DIR     also write each worker's full output to DIR/rank-R.log\n"
       "  --max-recoveries K  replace a dead worker at most K times; the\n"
       "                    others recover in place (default 3; 0: stop everyone)\n"
+      "  --scale-at STEP:M change to M replicas at the first sync round at or after\n"
+      "                    STEP (repeatable; local modes): new replicas join from\n"
+      "                    their peers, leaving ones exit; no checkpoint is read\n"
       "  --quiet           no progress lines, only the summary\n";
   std::exit(code);
 }
@@ -92,6 +98,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--metrics-port") o.metricsPort = num(next());
     else if (a == "--log-dir") o.logDir = next();
     else if (a == "--max-recoveries") o.maxRecoveries = num(next());
+    else if (a == "--scale-at") o.scaleAtText += (o.scaleAtText.empty() ? "" : ",") + next();
     else if (a == "--quiet") o.quiet = true;
     else if (a == "-h" || a == "--help") usage(0);
     else {
@@ -102,6 +109,12 @@ Options parse(int argc, char** argv) {
   if (o.nproc < 1 || o.shards < 1 || o.nproc % o.shards != 0) {
     std::cerr << "edit-run: --nproc must be a positive multiple of --shards (got " << o.nproc
               << " and " << o.shards << ")\n";
+    std::exit(2);
+  }
+  try {
+    o.scaleAt = edit::parseScalePoints(o.scaleAtText, "--scale-at");
+  } catch (const std::exception& e) {
+    std::cerr << "edit-run: " << e.what() << "\n";
     std::exit(2);
   }
   return o;
@@ -142,7 +155,8 @@ struct Worker {
   pid_t pid = -1;
   int out = -1, err = -1;
   std::string outBuf, errBuf;
-  bool exited = false;
+  bool started = false;  // a slot of a replica that joins at a scale-up starts unused
+  bool exited = true;
   int code = 0;
   json last, summary;
   std::ofstream log;
@@ -168,6 +182,7 @@ void progressLine(const std::vector<Worker>& ws) {
   uint64_t anomalies = 0, syncs = 0;
   std::string phase;
   for (const auto& w : ws) {
+    if (!w.started || (w.exited && w.code == 0)) continue;  // not joined yet, or left at a scale
     if (w.last.is_null()) return;
     const auto& j = w.last;
     if (j["shard"] == 0) {
@@ -203,6 +218,7 @@ void summary(const std::vector<Worker>& ws, double wall) {
   double tps = 0, trainTps = 0, startup = 0, val = -1;
   uint64_t tokens = 0;
   for (const auto& w : ws) {
+    if (!w.started) continue;
     const auto& s = w.summary;
     if (s.is_null()) {
       std::printf("%-5d (no summary: exit code %d)\n", w.rank, w.code);
@@ -223,7 +239,7 @@ void summary(const std::vector<Worker>& ws, double wall) {
     trainTps += s.value("train_tps", 0.0);
     startup = std::max(startup, s.value("startup_seconds", 0.0));
     tokens += s["tokens"].get<uint64_t>();
-    val = s["val_loss"].is_number() ? s["val_loss"].get<double>() : -1;
+    if (w.rank == 0) val = s["val_loss"].is_number() ? s["val_loss"].get<double>() : -1;
   }
   // CUDA builds: the caching allocator's peaks of the rank that used the most.
   double gpuAlloc = -1, gpuReserved = -1;
@@ -251,8 +267,8 @@ void summary(const std::vector<Worker>& ws, double wall) {
                 replaced, recoveries, static_cast<long long>(rolledBack), recoverySecs);
   bool alreadyDone = !ws.empty();
   for (const auto& w : ws)
-    alreadyDone = alreadyDone && !w.summary.is_null() && w.summary["loss"].is_null() &&
-                  w.summary.value("resumed_from", int64_t{-1}) >= 0;
+    alreadyDone = alreadyDone && (!w.started || (!w.summary.is_null() && w.summary["loss"].is_null() &&
+                                                 w.summary.value("resumed_from", int64_t{-1}) >= 0));
   if (alreadyDone)
     std::printf("\nnothing to train: resumed from the final checkpoint (step %lld); remove checkpoint.dir "
                 "or raise training.steps to train more\n",
@@ -264,11 +280,20 @@ void summary(const std::vector<Worker>& ws, double wall) {
   std::fflush(stdout);
 }
 
+// Rank 0's "scaling from M to M2 replicas" (Trainer::scale): the ranks of a new replica
+// start now, while the others wait for them in the next rendezvous generation.
+std::vector<int> gScaleTargets;
+
 void handleLine(Worker& w, const std::string& line, bool isErr, std::vector<Worker>& ws,
                 bool quiet) {
   if (w.log.is_open()) w.log << line << "\n";
   if (isErr) {
     std::cerr << line << "\n";
+    int from = 0, to = 0;
+    const size_t at = line.find("scaling from ");
+    if (w.rank == 0 && at != std::string::npos &&
+        std::sscanf(line.c_str() + at, "scaling from %d to %d replicas", &from, &to) == 2)
+      gScaleTargets.push_back(to);
     return;
   }
   if (line.rfind("@edit-summary ", 0) == 0) {
@@ -299,9 +324,10 @@ void drain(Worker& w, int fd, std::string& buf, bool isErr, std::vector<Worker>&
   }
 }
 
-// Starts (or restarts, as a replacement with EDIT_JOIN=1) worker w.rank.
+// Starts worker w.rank in a world of `replicas` replicas: with the job (join "0"), as a
+// replacement ("1") or as a rank of a new replica at a scale-up ("scale").
 bool spawn(Worker& w, const Options& o, const std::string& bin, int port, const std::string& coreType,
-           bool join) {
+           const char* join, int replicas, int localWorld) {
   const int r = w.rank;
   int out[2], err[2];
   if (::pipe(out) != 0 || ::pipe(err) != 0) {
@@ -323,15 +349,16 @@ bool spawn(Worker& w, const Options& o, const std::string& bin, int port, const 
     ::setpgid(0, 0);  // Ctrl-C reaches edit-run only; it forwards SIGTERM
     auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
     set("RANK", std::to_string(r));
-    set("WORLD_SIZE", std::to_string(o.nproc));
-    set("EDIT_REPLICAS", std::to_string(o.nproc / o.shards));
+    set("WORLD_SIZE", std::to_string(replicas * o.shards));
+    set("EDIT_REPLICAS", std::to_string(replicas));
     set("EDIT_SHARDS", std::to_string(o.shards));
     set("MASTER_ADDR", "127.0.0.1");
     set("MASTER_PORT", std::to_string(port));
     set("EDIT_BIND_ADDR", "127.0.0.1");
-    set("EDIT_LOCAL_WORLD_SIZE", std::to_string(o.nproc));
+    set("EDIT_LOCAL_WORLD_SIZE", std::to_string(localWorld));
     set("LOCAL_RANK", std::to_string(r));  // GPU builds: worker r uses GPU r % count
-    set("EDIT_JOIN", join ? "1" : "0");
+    set("EDIT_JOIN", join);
+    if (!o.scaleAtText.empty()) set("EDIT_SCALE_AT", o.scaleAtText);
     if (!coreType.empty()) set("OPENBLAS_CORETYPE", coreType);
     if (!edit::ompWaitPolicy().empty()) set("OMP_WAIT_POLICY", edit::ompWaitPolicy());
     if (o.metricsPort >= 0) set("EDIT_METRICS_PORT", std::to_string(o.metricsPort + r));
@@ -350,6 +377,7 @@ bool spawn(Worker& w, const Options& o, const std::string& bin, int port, const 
   w.pid = pid;
   w.out = out[0];
   w.err = err[0];
+  w.started = true;
   w.exited = false;
   w.code = 0;
   w.last = json();
@@ -362,27 +390,34 @@ bool spawn(Worker& w, const Options& o, const std::string& bin, int port, const 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const std::string bin = workerBinary();
+  const std::string coreType = edit::blasCoreType();
   const int port = o.masterPort > 0 ? o.masterPort : freePort();
-  std::vector<Worker> ws(o.nproc);
+  // One slot per rank of the largest world the job reaches (--scale-at).
+  int maxReplicas = o.nproc / o.shards, replicas = o.nproc / o.shards;
+  for (const auto& p : o.scaleAt) maxReplicas = std::max(maxReplicas, p.replicas);
+  const int localWorld = maxReplicas * o.shards;
+  std::vector<Worker> ws(localWorld);
+  for (int r = 0; r < localWorld; ++r) ws[r].rank = r;
+  auto start = [&](Worker& w, const char* join) {
+    if (!o.logDir.empty() && !w.log.is_open()) {
+      ::mkdir(o.logDir.c_str(), 0755);
+      w.log.open(o.logDir + "/rank-" + std::to_string(w.rank) + ".log", std::ios::app);
+    }
+    return spawn(w, o, bin, port, coreType, join, replicas, localWorld);
+  };
   struct sigaction sa {};
   sa.sa_handler = onSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  const std::string coreType = edit::blasCoreType();
   std::cout << "edit-run: " << o.nproc << " workers (" << o.nproc / o.shards << " replicas x "
             << o.shards << " shards), rendezvous 127.0.0.1:" << port
-            << (coreType.empty() ? "" : ", OPENBLAS_CORETYPE=" + coreType) << std::endl;
+            << (coreType.empty() ? "" : ", OPENBLAS_CORETYPE=" + coreType)
+            << (o.scaleAtText.empty() ? "" : ", scaling at " + o.scaleAtText) << std::endl;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < o.nproc; ++r) {
-    ws[r].rank = r;
-    if (!o.logDir.empty()) {
-      ::mkdir(o.logDir.c_str(), 0755);
-      ws[r].log.open(o.logDir + "/rank-" + std::to_string(r) + ".log");
-    }
-    if (!spawn(ws[r], o, bin, port, coreType, false)) return 1;
-  }
+  for (int r = 0; r < o.nproc; ++r)
+    if (!start(ws[r], "0")) return 1;
 
   int failedCode = 0, failedRank = -1, recoveries = 0;
   bool stopping = false;
@@ -411,6 +446,20 @@ int main(int argc, char** argv) {
         if (!open) { ::close(w.out); w.out = -1; }
       }
     }
+    // A scale the workers began (rank 0 said so): start the new replicas' ranks, or note
+    // that the last ones leave (they exit 0 by themselves).
+    for (const int target : gScaleTargets) {
+      if (stopping || target == replicas) continue;
+      const int first = std::min(target, replicas) * o.shards, last = std::max(target, replicas) * o.shards;
+      std::cerr << "edit-run: scaling from " << replicas << " to " << target << " replicas: workers " << first
+                << ".." << last - 1 << (target > replicas ? " start" : " leave") << std::endl;
+      const int before = replicas;
+      replicas = target;
+      if (target > before)
+        for (int r = first; r < last; ++r)
+          if (!start(ws[r], "scale")) return 1;
+    }
+    gScaleTargets.clear();
     int status;
     pid_t pid;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
@@ -422,6 +471,13 @@ int main(int argc, char** argv) {
         // (common/src/exit_codes.h: not a permanent failure, a gang stop or a survivor
         // that gave up waiting).
         const bool replaceable = edit::replaceableExit(w.code);
+        if (w.rank >= replicas * o.shards) {
+          // A replica that left at a scale-down: the job goes on without it.
+          if (w.code != 0)
+            std::cerr << "edit-run: worker " << w.rank << " (a replica that left) exited with code " << w.code
+                      << std::endl;
+          continue;
+        }
         if (replaceable && !stopping && recoveries < o.maxRecoveries) {
           ++recoveries;
           std::cerr << "edit-run: worker " << w.rank << " exited with code " << w.code
@@ -435,7 +491,7 @@ int main(int argc, char** argv) {
             if (w.err >= 0) { drain(w, w.err, w.errBuf, true, ws, o.quiet, open); if (!open) { ::close(w.err); w.err = -1; } }
           }
           w.incarnation++;
-          if (!spawn(w, o, bin, port, coreType, true)) return 1;
+          if (!start(w, "1")) return 1;
           continue;
         }
         if (w.code != 0 && failedRank < 0 && !stopping) {

@@ -212,6 +212,7 @@ int main(int argc, char** argv) {
               {"comm_wait", wait}, {"resumed_from", res.resumedFrom},
               {"stopped", res.stopped}, {"joined", res.joined}, {"recoveries", res.recoveries},
               {"recovery_seconds", res.recoverySeconds}, {"steps_rolled_back", res.stepsRolledBack},
+              {"scales", res.scales}, {"scale_seconds", res.scaleSeconds}, {"left_at_scale", res.leftAtScale},
               {"comm", comm}, {"peak_rss_bytes", peakRssBytes()},
               {"memory_plan", {{"state", res.memory.state()}, {"buffers", res.memory.buffers},
                                {"parameters", res.memory.parameters}, {"gradients", res.memory.gradients},

@@ -69,8 +69,11 @@ MeshSpec MeshSpec::fromEnvironment() {
   if (m.restartGeneration < 0) throw std::runtime_error("EDIT_RESTART_GENERATION must be >= 0");
   m.storePrefix = "gen" + std::to_string(m.restartGeneration) + "/";
   const std::string join = env("EDIT_JOIN", "0");
-  if (join != "0" && join != "1") throw std::runtime_error("EDIT_JOIN must be 0 or 1 (got \"" + join + "\")");
-  m.join = join == "1";
+  if (join != "0" && join != "1" && join != "scale")
+    throw std::runtime_error("EDIT_JOIN must be 0, 1 or scale (got \"" + join + "\")");
+  m.join = join != "0";
+  m.scaleJoin = join == "scale";
+  m.scaleAt = parseScalePoints(env("EDIT_SCALE_AT", ""), "EDIT_SCALE_AT");
   if (m.world < 1) throw std::runtime_error("WORLD_SIZE must be >= 1");
   if (m.rank < 0 || m.rank >= m.world)
     throw std::runtime_error("RANK must be in [0, WORLD_SIZE) (got " + std::to_string(m.rank) + ")");

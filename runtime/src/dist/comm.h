@@ -25,6 +25,8 @@
 #include <string>
 #include <thread>
 
+#include "scale_points.h"
+
 #include "dist/comm_counts.h"
 #include "dist/torch_compat.h"
 
@@ -39,10 +41,15 @@ struct MeshSpec {
   int restartGeneration = 0;     // EDIT_RESTART_GENERATION: bumped by each gang restart
   std::string storePrefix;       // distinguishes gang-restart generations
   bool join = false;             // EDIT_JOIN=1: a replacement joining a running job
+  bool scaleJoin = false;        // EDIT_JOIN=scale: a new replica joining at a scale-up
+  // EDIT_SCALE_AT ("STEP:M,..."; edit-run --scale-at): change the number of replicas to M
+  // at the first sync round at or after STEP (docs/elastic.md). In step order.
+  std::vector<ScalePoint> scaleAt;
   std::string backend = "gloo";  // gloo | nccl (nccl only in EDIT_WITH_CUDA builds)
   int device = -1;               // CUDA device index for nccl (-1: CPU)
   // From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, EDIT_REPLICAS, EDIT_SHARDS,
-  // EDIT_BIND_ADDR / POD_IP, EDIT_RESTART_GENERATION, EDIT_JOIN. Throws with the variable named.
+  // EDIT_BIND_ADDR / POD_IP, EDIT_RESTART_GENERATION, EDIT_JOIN, EDIT_SCALE_AT. Throws with
+  // the variable named.
   static MeshSpec fromEnvironment();
 };
 

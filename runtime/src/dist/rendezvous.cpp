@@ -37,6 +37,7 @@ Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(
   } else {
     // The store died with the old rank 0; this one is fresh. Generation 1 is open: the
     // survivors reconnect to it (same address) and meet here.
+    store_->set(key("1/world"), bytes(std::to_string(spec.world)));
     store_->set(key("generation"), bytes("1"));
   }
 }
@@ -94,8 +95,11 @@ void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) 
     if (closed() || lost) reconnect(deadline, cancel);
     try {
       if (sameStore()) {
-        // Whoever comes first moves the counter; the rest read the value it moved to.
-        arrive(parse(store_->compareSet(key("generation"), bytes(cur), bytes(next))), deadline, cancel);
+        // Whoever comes first moves the counter; the rest read the value it moved to. Every
+        // survivor names the generation's size (the same value) before it arrives.
+        const int64_t gen = parse(store_->compareSet(key("generation"), bytes(cur), bytes(next)));
+        store_->set(key(std::to_string(gen) + "/world"), bytes(std::to_string(spec_.world)));
+        arrive(gen, deadline, cancel);
       } else {
         // Rank 0's replacement opens generation 1 on its fresh store (compareSet from our
         // counter would open another, where it does not wait).
@@ -152,8 +156,10 @@ void Rendezvous::waitForOpenGeneration(double deadline, const std::atomic<bool>&
     if (store_->check({key("generation")})) {
       const int64_t gen = parse(store_->get(key("generation")));
       // The generation still running (formed) lost us; wait until the survivors notice
-      // and open the next one.
-      if (!store_->check({key(std::to_string(gen) + "/formed")})) {
+      // and open the next one, of our size (a scale's new replica waits past recoveries).
+      const std::string g = std::to_string(gen);
+      if (!store_->check({key(g + "/formed")}) && store_->check({key(g + "/world")}) &&
+          parse(store_->get(key(g + "/world"))) == spec_.world) {
         arrive(gen, deadline, cancel);
         return;
       }

@@ -40,6 +40,10 @@ class Rendezvous {
   // arrivals there while it trains). The next rejoin connects again.
   void formed(bool keepConnection);
   int64_t generation() const { return generation_; }
+  // A scale (docs/elastic.md): the next generation this rank opens or joins has `world`
+  // ranks. Each generation names its size on the store, so a new replica waiting for a
+  // scale-up never arrives in a recovery generation of the old size, or the reverse.
+  void setWorld(int world) { spec_.world = world; }
   // Store prefix of the process groups of the current generation.
   std::string prefix() const;
 

@@ -64,7 +64,8 @@ void Trainer::setup() {
   // A replacement meets the survivors in the next recovery generation; everyone else
   // forms generation 0.
   if (mesh_.join) {
-    log("joining the running job as a replacement for rank " + std::to_string(mesh_.rank));
+    log(mesh_.scaleJoin ? "joining the running job as rank " + std::to_string(mesh_.rank) + " of a new replica"
+                        : "joining the running job as a replacement for rank " + std::to_string(mesh_.rank));
     rendezvous_->join(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
   }
   comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
@@ -77,6 +78,15 @@ void Trainer::setup() {
     // collectives never interleave with the step's all-gathers on the shard group.
     roundComm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix() + "overlap/");
     roundStream_ = std::make_unique<CommStream>(*roundComm_, mesh_.device);
+  }
+  if (!mesh_.scaleAt.empty()) {
+    const char* needs = !isLocalMode() ? "a local mode (edit, a-edit, diloco or localsgd): ddp has no sync rounds"
+                        : cfg_.runtime.recovery != "inPlace"
+                            ? "runtime.recovery inPlace (a scale re-forms the world like an in-place recovery)"
+                        : overlap_                  ? "algorithm.overlapSteps 0"
+                        : mesh_.backend == "nccl"   ? "the Gloo backend (the NCCL path of a re-formed world has not run)"
+                                                    : nullptr;
+    if (needs) throw ConfigError(std::string("EDIT_SCALE_AT (edit-run --scale-at) needs ") + needs);
   }
   rendezvous_->formed(postsArrivals());  // the groups are formed (dist/rendezvous.h)
   stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);

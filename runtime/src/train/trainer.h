@@ -69,6 +69,9 @@ struct TrainResult {
   int recoveries = 0;        // in-place recoveries this process took part in
   double recoverySeconds = 0;     // time from noticing the lost peer to training again
   int64_t stepsRolledBack = 0;    // local steps of this rank undone by recoveries
+  int scales = 0;                 // changes of the number of replicas this rank went through
+  double scaleSeconds = 0;        // time from the round before a scale to training again
+  bool leftAtScale = false;       // this replica left the job at a scale-down
   CommCounts comm;
   MemoryPlan memory;         // what the state and buffers of this rank should take
 };
@@ -164,7 +167,8 @@ class Trainer {
   // round in flight now (checkpoints, the last sync).
   UnitSyncResult overlapRound(size_t u);
   void drainOverlap();
-  CommCounts commCounters() const;  // both communicators' counters
+  CommCounts commCounters() const;  // both communicators' counters, and earlier generations'
+  CommCounts commCarried_;          // counters of process groups already torn down
 
   // Sync-round bookkeeping (trainer_rounds.cpp).
   void noteRound(const std::vector<UnitSyncResult>& res, StepOutcome& out);
@@ -194,6 +198,11 @@ class Trainer {
   void copyAnomalyStats(const std::vector<bool>& survivor, const RecoveryPlan& plan);
   void continueFromRound(int64_t round, int64_t step, int64_t lastCkpt);
   void checkSyncGroupAgrees();
+  // Elastic replicas (docs/elastic.md): after a sync round at or past the next point of
+  // mesh_.scaleAt, the world re-forms with the new number of replicas like an in-place
+  // recovery. Returns true on the ranks of a replica that leaves.
+  bool scaleDue(int64_t t) const;
+  bool scale(int64_t t, TrainResult& result);
   void joinRunningJob();   // a replacement's restoreFromPeers, retried like a survivor's
   void leaveGeneration();  // drops the process groups of a broken generation
 
@@ -251,6 +260,8 @@ class Trainer {
   int64_t skipSyncAt_ = -1;      // the round at this step was already done before a rollback
   int partialTermExchanges_ = 0;  // consecutive control exchanges where some ranks, not all, had SIGTERM
   bool outerLost_ = false;        // a failed state copy left outer_ half written
+  size_t nextScale_ = 0;          // the next point of mesh_.scaleAt (agreed in restoreFromPeers)
+  bool scaling_ = false;          // restoreFromPeers runs for a scale, not a lost peer
 
   // algorithm.overlapSteps. Per unit, while its round is in flight: base_ is the local
   // slice the current round started from (the local progress since is base_ - slice) and

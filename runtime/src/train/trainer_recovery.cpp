@@ -86,6 +86,7 @@ bool Trainer::recoverInPlace(const PeerLost& e, TrainResult& result) {
   }
   const double t0 = nowSeconds(), deadline = t0 + cfg_.runtime.rendezvousTimeoutSeconds;
   const int64_t stepBefore = step_;
+  scaling_ = false;  // a scale that failed part way continues as a recovery in its new world
   log(std::string("peer lost: ") + e.what() + "; recovering in place (waiting up to " +
       std::to_string(static_cast<int64_t>(cfg_.runtime.rendezvousTimeoutSeconds)) +
       " s for the replacement)");
@@ -122,6 +123,7 @@ void Trainer::leaveGeneration() {
   // blocked on us notice now instead of at its timeout.
   if (stream_) stream_->abort();
   stream_.reset();
+  if (comm_) commCarried_ = commCounters();  // the run's totals outlive the groups
   comm_.reset();
   releaseAll();  // the failed step may have left units gathered
 }
@@ -158,7 +160,8 @@ void Trainer::joinRunningJob() {
 
 namespace {
 // The columns of the table the ranks exchange.
-enum OfferCol { kJoiner, kCur, kSnap, kCurStep, kSnapStep, kAdam, kCkpt, kNext, kNextStep, kOfferCols };
+enum OfferCol { kJoiner, kCur, kSnap, kCurStep, kSnapStep, kAdam, kCkpt, kNext, kNextStep, kScaleNext, kTotalSteps,
+                kOfferCols };
 }  // namespace
 
 torch::Tensor Trainer::offerTable(bool joiner) {
@@ -184,6 +187,10 @@ torch::Tensor Trainer::offerTable(bool joiner) {
     }
     m[kAdam] = static_cast<double>(adam_->stepCount());
     m[kCkpt] = static_cast<double>(lastCheckpointId_);
+    // What a new replica cannot know: the scale points already applied, and the job's
+    // length (training.tokens gives the steps for the world the job started with).
+    m[kScaleNext] = static_cast<double>(nextScale_);
+    m[kTotalSteps] = static_cast<double>(totalSteps_);
   }
   auto table = torch::empty({comm_->world(), kOfferCols}, torch::kFloat64);
   std::vector<torch::Tensor> rows;
@@ -340,19 +347,84 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   copyAnomalyStats(survivor, plan);
   if (joiner) {
     adam_->setStepCount(static_cast<int64_t>(T[plan.stepFrom[me]][kAdam]));
-    // Cumulative tokens as if this rank had trained from the start (what a resume from a
-    // checkpoint at `step` holds), so the job's token count does not drop by a rank's share.
-    tokens_ = static_cast<uint64_t>(step) * static_cast<uint64_t>(cfg_.data.batchSize * cfg_.data.seqLen);
+    // A replacement: cumulative tokens as if this rank had trained from the start (what a
+    // resume from a checkpoint at `step` holds), so the job's token count does not drop by
+    // a rank's share. A new replica of a scale-up counts only what it trains.
+    tokens_ = mesh_.scaleJoin ? 0
+                              : static_cast<uint64_t>(step) * static_cast<uint64_t>(cfg_.data.batchSize * cfg_.data.seqLen);
+    totalSteps_ = static_cast<int64_t>(T[plan.stepFrom[me]][kTotalSteps]);
   }
+  int64_t scaleNext = 0;
+  for (int r = 0; r < W; ++r)
+    if (survivor[r]) scaleNext = std::max(scaleNext, static_cast<int64_t>(T[r][kScaleNext]));
+  nextScale_ = static_cast<size_t>(scaleNext);
   continueFromRound(round, step, lastCkpt);
   checkSyncGroupAgrees();
   // Every rank of the generation finished its copy: otherwise a sync group done early
   // would train on and meet the failure in a second recovery instead of this one's retry.
   comm_->barrier(Group::World);
 
-  log("recovered in place (generation " + std::to_string(rendezvous_->generation()) + ", " +
-      std::to_string(joiners) + " rank(s) replaced): continuing from sync round " + std::to_string(round) +
-      " at step " + std::to_string(step) + (result ? "" : " as a replacement"));
+  if (scaling_ || (joiner && mesh_.scaleJoin))
+    log("scaled to " + std::to_string(comm_->replicas()) + " replicas (generation " +
+        std::to_string(rendezvous_->generation()) + ", " + std::to_string(joiners) +
+        " new rank(s)): continuing from sync round " + std::to_string(round) + " at step " + std::to_string(step) +
+        (joiner ? " as a new replica" : ""));
+  else
+    log("recovered in place (generation " + std::to_string(rendezvous_->generation()) + ", " +
+        std::to_string(joiners) + " rank(s) replaced): continuing from sync round " + std::to_string(round) +
+        " at step " + std::to_string(step) + (result ? "" : " as a replacement"));
+}
+
+bool Trainer::scaleDue(int64_t t) const {
+  if (nextScale_ >= mesh_.scaleAt.size()) return false;
+  // Every rank must decide alike: the step of a step-clocked round is the same everywhere;
+  // A-EDiT's replicas reach a round at different steps, so it uses the job's progress in
+  // steps per replica, agreed at the round's control exchange.
+  const int64_t progress = mode_.clock == SyncClock::Seconds ? jobSteps_ / comm_->replicas() : t;
+  return progress >= mesh_.scaleAt[nextScale_].step;
+}
+
+bool Trainer::scale(int64_t t, TrainResult& result) {
+  // Right after a sync round every rank holds the same outer state: the world re-forms with
+  // M' replicas the way an in-place recovery does (new rendezvous generation, new process
+  // groups), a new replica copies the outer state, momentum and inner moments from its
+  // sync-group peers, and everyone continues from this round (inner := outer, this step
+  // redone without its round). No checkpoint is read.
+  const int M = comm_->replicas(), N = comm_->shards(), M2 = mesh_.scaleAt[nextScale_++].replicas;
+  if (M2 == M) {
+    log("scale point " + std::to_string(nextScale_) + ": already " + std::to_string(M) + " replicas");
+    return false;
+  }
+  const bool leaving = comm_->replica() >= M2;
+  log("scaling from " + std::to_string(M) + " to " + std::to_string(M2) + " replicas after sync round " +
+      std::to_string(syncRounds_) + " (step " + std::to_string(t) + ")" +
+      (leaving ? ": this replica leaves the job" : ""));
+  const double t0 = nowSeconds();
+  const int64_t stepBefore = step_;
+  leaveGeneration();
+  result.scales++;
+  if (leaving) {
+    result.leftAtScale = true;
+    return true;
+  }
+  mesh_.replicas = M2;
+  mesh_.world = M2 * N;
+  rendezvous_->setWorld(mesh_.world);
+  scaling_ = true;
+  // A new replica that never comes (or a peer lost meanwhile) throws PeerLost after the
+  // rendezvous deadline: the step loop's in-place recovery takes over with the new size.
+  rendezvous_->rejoin(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
+  comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
+  rendezvous_->formed(postsArrivals());
+  stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
+  // The compressed sync's owned part depends on M: its residual restarts at zero anyway.
+  for (auto& o : outer_)
+    if (o.averageResidual.defined()) o.averageResidual = torch::zeros({ownedPart(o.outer.numel())}, o.outer.options());
+  restoreFromPeers(false, &result);
+  scaling_ = false;
+  result.stepsRolledBack += std::max<int64_t>(0, stepBefore - step_);  // the round's step, redone
+  result.scaleSeconds += nowSeconds() - t0;
+  return false;
 }
 
 }  // namespace edit

@@ -17,9 +17,11 @@ TrainResult Trainer::run() {
   result.startupSeconds = loopStart - start;
 
   const double lastLoss = stepLoop(result);
-  if (!result.stopped) finalSync();
+  // A replica that left at a scale-down has no process groups any more: the others end.
+  const bool ends = !result.stopped && !result.leftAtScale;
+  if (ends) finalSync();
   result.trainSeconds = nowSeconds() - loopStart;
-  if (!result.stopped) evaluateAndSaveFinal(result);
+  if (ends) evaluateAndSaveFinal(result);
 
   result.steps = step_;
   result.finalLoss = lastLoss;
@@ -91,6 +93,7 @@ double Trainer::stepLoop(TrainResult& result) {
             " val_loss " + std::to_string(evaluate(cfg_.data.valBatches, Group::Shard)));
       if (hooks_.onStep) hooks_.onStep(stepReport(t, t0, wait0, lastLoss, out));
       failIfStalled();  // after the report, so that the metrics show the streak
+      if (out.synced && scaleDue(t) && scale(t, result)) break;  // this replica left
     } catch (const PeerLost& e) {
       // A peer died or hung: in a local phase the survivors wait for its replacement and
       // continue from the last sync round; otherwise edit-train exits 75 (gang restart).

@@ -132,3 +132,52 @@ TEST(Rendezvous, SurvivorsGiveUpAtTheDeadlineWhenRankZeroNeverReturns) {
   EXPECT_GE(s, 1.4);
   EXPECT_LT(s, 10);
 }
+
+TEST(Rendezvous, NewReplicaOfAScaleUpWaitsPastARecoveryOfTheOldSize) {
+  // A 2-rank job grows to 3 (docs/elastic.md). The new rank starts waiting early; a
+  // recovery of the old size happens first: the new rank must not arrive in it (it would
+  // be a third arrival in a 2-rank generation), and meets the others in the scale's.
+  const int port = test::freePort();
+  auto at = [&](int rank, int world, bool join) {
+    MeshSpec m = test::meshFor(rank, world, 1, port);  // `world` replicas of one shard
+    m.join = join;
+    return std::make_unique<Rendezvous>(m);
+  };
+  std::vector<std::unique_ptr<Rendezvous>> r;
+  r.push_back(at(0, 2, false));
+  r.push_back(at(1, 2, false));
+  for (auto& x : r) x->formed(false);
+  auto joiner = at(2, 3, true);
+  int64_t joinedGen = -1;
+  std::thread waiting([&] {
+    try {
+      joiner->join(kTimeout, kNoCancel);
+      joinedGen = joiner->generation();
+    } catch (const PeerLost& e) {
+      ADD_FAILURE() << "new rank: " << e.what();
+    }
+  });
+  std::this_thread::sleep_for(300ms);
+  // The recovery: both ranks rejoin at size 2 and form generation 1 without the new rank.
+  {
+    std::vector<std::thread> ts;
+    for (int k = 0; k < 2; ++k) ts.emplace_back([&, k] { r[k]->rejoin(kTimeout, kNoCancel); });
+    for (auto& t : ts) t.join();
+    for (auto& x : r) EXPECT_EQ(x->generation(), 1);
+    EXPECT_EQ(joinedGen, -1) << "the new rank arrived in a generation of the old size";
+    for (auto& x : r) x->formed(false);
+  }
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(joinedGen, -1);
+  // The scale: both move to size 3 and meet the new rank in generation 2.
+  std::vector<std::thread> ts;
+  for (int k = 0; k < 2; ++k)
+    ts.emplace_back([&, k] {
+      r[k]->setWorld(3);
+      r[k]->rejoin(kTimeout, kNoCancel);
+    });
+  for (auto& t : ts) t.join();
+  waiting.join();
+  for (auto& x : r) EXPECT_EQ(x->generation(), 2);
+  EXPECT_EQ(joinedGen, 2);
+}

@@ -1,0 +1,140 @@
+"""Elastic replicas through edit-run --scale-at (docs/elastic.md).
+
+A job grows from 2 to 3 replicas and shrinks back to 2 while it trains, in a 4x1-style
+layout (1 shard per replica) and a 2x2-style one (2 shards). Checked like a user would:
+the run exits 0, nothing is read from a checkpoint, the new replica's ranks join from
+their sync-group peers and leave again, the survivors never restart, the replicas end
+bit-identical, and the validation loss is close to a run that kept 2 replicas.
+"""
+import glob
+import math
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import ckpt  # noqa: E402
+import test_edit_run as base  # noqa: E402
+from test_edit_run import EDIT_RUN, summaries  # noqa: E402
+
+GROW_AT, SHRINK_AT = 16, 32  # sync steps of base_sets (warm-up 8, a round every 4 steps)
+TOKENS_PER_STEP = 4 * 32     # data.batchSize x data.seqLen of base_sets
+
+
+class Elastic(unittest.TestCase):
+    setUp = base.EditRun.setUp
+    tearDown = base.EditRun.tearDown
+    base_sets = base.EditRun.base_sets
+
+    def launch(self, tag, nproc, shards, sets=(), args=()):
+        logs = os.path.join(self.d, "logs-" + tag)
+        sets = self.base_sets() + ["algorithm.mode=edit", f"checkpoint.dir={self.d}/ck-{tag}",
+                                   "runtime.rendezvousTimeoutSeconds=120"] + list(sets)
+        p = subprocess.run([EDIT_RUN, "--nproc", str(nproc), "--shards", str(shards), "--log-dir", logs]
+                           + list(args) + sum((["--set", s] for s in sets), []),
+                           capture_output=True, text=True, timeout=900)
+        return p, logs
+
+    def grow_and_shrink(self, shards, sets=()):
+        n = shards
+        fixed, fixed_logs = self.launch("fixed", 2 * n, n, sets)
+        self.assertEqual(fixed.returncode, 0, fixed.stdout[-2000:] + fixed.stderr[-2000:])
+        p, logs = self.launch("elastic", 2 * n, n, sets,
+                              ["--scale-at", f"{GROW_AT}:3", "--scale-at", f"{SHRINK_AT}:2"])
+        out = p.stdout[-3000:] + p.stderr[-3000:]
+        self.assertEqual(p.returncode, 0, out)
+        self.assertIn(f"edit-run: scaling from 2 to 3 replicas: workers {2 * n}..{3 * n - 1} start", p.stderr)
+        self.assertIn(f"edit-run: scaling from 3 to 2 replicas: workers {2 * n}..{3 * n - 1} leave", p.stderr)
+        s = summaries(logs)
+        self.assertEqual(sorted(s), list(range(3 * n)), out)
+        for r in range(3 * n):
+            self.assertEqual(s[r]["resumed_from"], -1, f"rank {r} read a checkpoint")
+            self.assertEqual(s[r]["recoveries"], 0, s[r])
+        for r in range(2 * n):
+            # The survivors went through both changes without a restart.
+            self.assertFalse(s[r]["joined"], s[r])
+            self.assertEqual(s[r]["scales"], 2, s[r])
+            self.assertFalse(s[r]["left_at_scale"], s[r])
+            self.assertEqual(s[r]["steps"], 48, s[r])
+        for r in range(2 * n, 3 * n):
+            # The new replica joined at the first change and left at the second, counting
+            # only the tokens it trained: from the round it joined at to the one it left at.
+            self.assertTrue(s[r]["joined"], s[r])
+            self.assertTrue(s[r]["left_at_scale"], s[r])
+            with open(os.path.join(logs, f"rank-{r}.log")) as f:
+                text = f.read()
+            m = re.search(r"scaled to 3 replicas .*continuing from sync round \d+ at step (\d+) as a new replica", text)
+            self.assertIsNotNone(m, text[-2000:])
+            joined_at = int(m.group(1))
+            self.assertEqual(joined_at, GROW_AT)
+            self.assertEqual(s[r]["steps"], SHRINK_AT + 1, s[r])
+            self.assertEqual(s[r]["tokens"], (s[r]["steps"] - joined_at) * TOKENS_PER_STEP, s[r])
+            self.assertEqual(s[r]["val_loss"], -1, "a replica that left evaluates nothing")
+        # The replicas end bit-identical (the final sync), in the final checkpoint of the
+        # 2-replica world.
+        final = sorted(glob.glob(os.path.join(self.d, "ck-elastic", "step-*")))[-1]
+        self.assertTrue(final.endswith("step-00000048"), final)
+        files = [ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in range(2 * n)]
+        self.assertFalse(os.path.exists(os.path.join(final, f"rank-{2 * n:05d}.ckpt")))
+        for r in range(n, 2 * n):
+            for k, v in files[r].items():
+                if k.endswith("/theta") or k.endswith("/outer"):
+                    self.assertEqual(v, files[r % n][k], f"rank {r} differs from rank {r % n} in {k}")
+        got = s[0]["val_loss"]
+        ref = summaries(fixed_logs)[0]["val_loss"]
+        self.assertTrue(math.isfinite(got))
+        # A third replica for 16 of 48 steps adds tokens; it must not hurt the model.
+        self.assertLess(got, ref * 1.02, f"val loss {got} vs {ref} with 2 replicas throughout")
+        print(f"\n{self.id().split('.')[-1]}: val loss {got:.4f} vs {ref:.4f} fixed; "
+              f"scale seconds {max(s[r]['scale_seconds'] for r in range(2 * n)):.1f}")
+
+    def test_edit_grows_and_shrinks_N1(self):
+        self.grow_and_shrink(1)
+
+    def test_edit_grows_and_shrinks_N2(self):
+        self.grow_and_shrink(2)
+
+    def test_int8_sync_grows_and_shrinks(self):
+        # The compressed sync's owned parts follow M (their residuals restart at zero).
+        self.grow_and_shrink(1, ["algorithm.syncCompression=int8"])
+
+    def test_aedit_with_a_straggler_grows_and_shrinks(self):
+        # A-EDiT's replicas reach a round at different steps of their own (rank 1 is slow):
+        # the scale points are in the job's agreed progress, so every rank scales at the
+        # same round, and the run still ends with identical replicas.
+        p, logs = self.launch("aedit", 2, 1, ["algorithm.mode=a-edit", "algorithm.syncSeconds=0.3",
+                                               "algorithm.maxStepsPerSync=6", "debug.injectStepDelay.rank=1",
+                                               "debug.injectStepDelay.seconds=0.02"],
+                              ["--scale-at", f"{GROW_AT}:3", "--scale-at", f"{SHRINK_AT}:2"])
+        out = p.stdout[-3000:] + p.stderr[-3000:]
+        self.assertEqual(p.returncode, 0, out)
+        s = summaries(logs)
+        self.assertEqual(sorted(s), [0, 1, 2], out)
+        for r in (0, 1):
+            self.assertEqual(s[r]["scales"], 2, s[r])
+            self.assertEqual(s[r]["recoveries"], 0, s[r])
+        self.assertTrue(s[2]["joined"] and s[2]["left_at_scale"], s[2])
+        final = sorted(glob.glob(os.path.join(self.d, "ck-aedit", "step-*")))[-1]
+        a, b = (ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in (0, 1))
+        for k, v in a.items():
+            if k.endswith("/theta") or k.endswith("/outer"):
+                self.assertEqual(v, b[k], f"replicas differ in {k}")
+        self.assertTrue(math.isfinite(s[0]["val_loss"]))
+
+    def test_scale_needs_a_local_mode(self):
+        p, _ = self.launch("ddp", 2, 1, ["algorithm.mode=ddp"], ["--scale-at", "16:3"])
+        self.assertEqual(p.returncode, 2, p.stdout[-2000:] + p.stderr[-2000:])
+        self.assertIn("EDIT_SCALE_AT (edit-run --scale-at) needs a local mode", p.stderr)
+
+    def test_malformed_scale_at_is_a_usage_error(self):
+        for bad, why in [("16", "is not STEP:REPLICAS"), ("16:0", "must be >= 1"), ("20:3,10:2", "steps must increase")]:
+            p = subprocess.run([EDIT_RUN, "--nproc", "2", "--scale-at", bad], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("--scale-at", p.stderr)
+            self.assertIn(why, p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -156,6 +156,8 @@ struct Worker {
   int out = -1, err = -1;
   std::string outBuf, errBuf;
   bool started = false;  // a slot of a replica that joins at a scale-up starts unused
+  bool joining = false;  // started for a scale-up and not joined yet
+  bool excused = false;  // its exit code is not the job's: a failed scale-up, a replica that left
   bool exited = true;
   int code = 0;
   json last, summary;
@@ -289,6 +291,7 @@ void handleLine(Worker& w, const std::string& line, bool isErr, std::vector<Work
   if (w.log.is_open()) w.log << line << "\n";
   if (isErr) {
     std::cerr << line << "\n";
+    if (w.joining && line.find("as a new replica") != std::string::npos) w.joining = false;
     int from = 0, to = 0;
     const size_t at = line.find("scaling from ");
     if (w.rank == 0 && at != std::string::npos &&
@@ -379,6 +382,7 @@ bool spawn(Worker& w, const Options& o, const std::string& bin, int port, const 
   w.err = err[0];
   w.started = true;
   w.exited = false;
+  w.excused = false;
   w.code = 0;
   w.last = json();
   w.summary = json();
@@ -396,6 +400,7 @@ int main(int argc, char** argv) {
   int maxReplicas = o.nproc / o.shards, replicas = o.nproc / o.shards;
   for (const auto& p : o.scaleAt) maxReplicas = std::max(maxReplicas, p.replicas);
   const int localWorld = maxReplicas * o.shards;
+  int scaleFrom = replicas;  // the replicas before the latest scale (a failed scale-up returns to it)
   std::vector<Worker> ws(localWorld);
   for (int r = 0; r < localWorld; ++r) ws[r].rank = r;
   auto start = [&](Worker& w, const char* join) {
@@ -449,6 +454,7 @@ int main(int argc, char** argv) {
     // A scale the workers began (rank 0 said so): start the new replicas' ranks, or note
     // that the last ones leave (they exit 0 by themselves).
     for (const int target : gScaleTargets) {
+      scaleFrom = replicas;
       if (stopping || target == replicas) continue;
       const int first = std::min(target, replicas) * o.shards, last = std::max(target, replicas) * o.shards;
       std::cerr << "edit-run: scaling from " << replicas << " to " << target << " replicas: workers " << first
@@ -456,8 +462,10 @@ int main(int argc, char** argv) {
       const int before = replicas;
       replicas = target;
       if (target > before)
-        for (int r = first; r < last; ++r)
+        for (int r = first; r < last; ++r) {
           if (!start(ws[r], "scale")) return 1;
+          ws[r].joining = true;
+        }
     }
     gScaleTargets.clear();
     int status;
@@ -471,11 +479,23 @@ int main(int argc, char** argv) {
         // (common/src/exit_codes.h: not a permanent failure, a gang stop or a survivor
         // that gave up waiting).
         const bool replaceable = edit::replaceableExit(w.code);
+        if (w.joining && w.code != 0) {
+          // A new replica's rank died before it joined: the others give up on the scale-up
+          // at their rendezvous deadline and go on with the replicas they had.
+          w.joining = false;
+          w.excused = true;
+          if (replicas != scaleFrom)
+            std::cerr << "edit-run: worker " << w.rank << " of a new replica exited with code " << w.code
+                      << " before it joined; the job stays at " << scaleFrom << " replicas" << std::endl;
+          replicas = scaleFrom;
+          continue;
+        }
         if (w.rank >= replicas * o.shards) {
           // A replica that left at a scale-down: the job goes on without it.
           if (w.code != 0)
             std::cerr << "edit-run: worker " << w.rank << " (a replica that left) exited with code " << w.code
                       << std::endl;
+          w.excused = true;
           continue;
         }
         if (replaceable && !stopping && recoveries < o.maxRecoveries) {
@@ -528,6 +548,6 @@ int main(int argc, char** argv) {
   }
   if (gSignal) return 128 + gSignal;
   for (const auto& w : ws)
-    if (w.code != 0) return w.code;
+    if (w.code != 0 && !w.excused) return w.code;
   return 0;
 }

@@ -106,6 +106,9 @@ int main(int argc, char** argv) {
     }
     mesh = MeshSpec::fromEnvironment();
     mesh.timeoutSeconds = cfg.runtime.collectiveTimeoutSeconds;
+    // Test hook (tests/runtime/integration/test_elastic.py): a new replica's rank that dies
+    // before it joins, like a pod that never starts.
+    if (const char* v = std::getenv("EDIT_TEST_SCALE_JOIN_EXIT"); v && *v && mesh.scaleJoin) return std::atoi(v);
   } catch (const std::exception& e) {
     std::cerr << "edit-train: invalid configuration: " << e.what() << "\n";
     terminationMessage(std::string("invalid configuration: ") + e.what());
@@ -213,6 +216,7 @@ int main(int argc, char** argv) {
               {"stopped", res.stopped}, {"joined", res.joined}, {"recoveries", res.recoveries},
               {"recovery_seconds", res.recoverySeconds}, {"steps_rolled_back", res.stepsRolledBack},
               {"scales", res.scales}, {"scale_seconds", res.scaleSeconds}, {"left_at_scale", res.leftAtScale},
+              {"scales_abandoned", res.scalesAbandoned},
               {"comm", comm}, {"peak_rss_bytes", peakRssBytes()},
               {"memory_plan", {{"state", res.memory.state()}, {"buffers", res.memory.buffers},
                                {"parameters", res.memory.parameters}, {"gradients", res.memory.gradients},

@@ -70,6 +70,7 @@ void Rendezvous::checkCancel(const std::atomic<bool>& cancel) {
 
 void Rendezvous::arrive(int64_t gen, double deadline, const std::atomic<bool>& cancel) {
   const std::string g = std::to_string(gen);
+  forming_ = gen;
   if (store_->add(key(g + "/arrived"), 1) == spec_.world) store_->set(key(g + "/formed"), bytes("1"));
   // Poll rather than Store::wait: the survivors' wait must end at the recovery deadline,
   // not at the (unrelated) collective timeout the store was opened with.

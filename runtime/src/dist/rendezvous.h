@@ -44,6 +44,9 @@ class Rendezvous {
   // ranks. Each generation names its size on the store, so a new replica waiting for a
   // scale-up never arrives in a recovery generation of the old size, or the reverse.
   void setWorld(int world) { spec_.world = world; }
+  // After rejoin() timed out in a generation that never formed: the next rejoin opens the
+  // one after it (that one may still hold the arrivals of the ranks that waited there).
+  void abandonForming() { generation_ = std::max(generation_, forming_); }
   // Store prefix of the process groups of the current generation.
   std::string prefix() const;
 
@@ -72,6 +75,7 @@ class Rendezvous {
   MeshSpec spec_;
   c10::intrusive_ptr<c10d::Store> store_;
   int64_t generation_ = 0;
+  int64_t forming_ = 0;      // the generation this rank last arrived in
   std::string incarnation_;  // of the store the current generation formed on
 };
 

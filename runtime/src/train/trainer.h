@@ -72,6 +72,7 @@ struct TrainResult {
   int scales = 0;                 // changes of the number of replicas this rank went through
   double scaleSeconds = 0;        // time from the round before a scale to training again
   bool leftAtScale = false;       // this replica left the job at a scale-down
+  int scalesAbandoned = 0;        // scale-ups whose new replica never arrived (the job kept M)
   CommCounts comm;
   MemoryPlan memory;         // what the state and buffers of this rank should take
 };

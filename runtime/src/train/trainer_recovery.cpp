@@ -402,8 +402,8 @@ bool Trainer::scale(int64_t t, TrainResult& result) {
   const double t0 = nowSeconds();
   const int64_t stepBefore = step_;
   leaveGeneration();
-  result.scales++;
   if (leaving) {
+    result.scales++;
     result.leftAtScale = true;
     return true;
   }
@@ -411,9 +411,22 @@ bool Trainer::scale(int64_t t, TrainResult& result) {
   mesh_.world = M2 * N;
   rendezvous_->setWorld(mesh_.world);
   scaling_ = true;
-  // A new replica that never comes (or a peer lost meanwhile) throws PeerLost after the
-  // rendezvous deadline: the step loop's in-place recovery takes over with the new size.
-  rendezvous_->rejoin(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
+  try {
+    rendezvous_->rejoin(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
+  } catch (const PeerLost& e) {
+    if (M2 < M || gTerminateRequested) throw;
+    // A new replica that never arrived (its pod died or never started): the job stays at M
+    // replicas in the generation after the abandoned one. (A peer lost after the groups
+    // formed is an ordinary in-place recovery in the new world: the step loop's.)
+    log("scale-up to " + std::to_string(M2) + " replicas failed (" + e.what() + "); continuing with " +
+        std::to_string(M) + " replicas");
+    result.scalesAbandoned++;
+    mesh_.replicas = M;
+    mesh_.world = M * N;
+    rendezvous_->setWorld(mesh_.world);
+    rendezvous_->abandonForming();
+    rendezvous_->rejoin(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
+  }
   comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
   rendezvous_->formed(postsArrivals());
   stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
@@ -422,6 +435,7 @@ bool Trainer::scale(int64_t t, TrainResult& result) {
     if (o.averageResidual.defined()) o.averageResidual = torch::zeros({ownedPart(o.outer.numel())}, o.outer.options());
   restoreFromPeers(false, &result);
   scaling_ = false;
+  if (mesh_.replicas == M2) result.scales++;
   result.stepsRolledBack += std::max<int64_t>(0, stepBefore - step_);  // the round's step, redone
   result.scaleSeconds += nowSeconds() - t0;
   return false;

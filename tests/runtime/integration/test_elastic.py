@@ -123,6 +123,33 @@ class Elastic(unittest.TestCase):
                 self.assertEqual(v, b[k], f"replicas differ in {k}")
         self.assertTrue(math.isfinite(s[0]["val_loss"]))
 
+    def test_new_replica_that_dies_before_joining_leaves_the_job_at_its_size(self):
+        # The new replica's rank exits before it joins (as a pod that never starts): the
+        # others give up on the scale-up at their rendezvous deadline and train on with 2
+        # replicas; no gang restart, exit 0, and the job says so.
+        os.environ["EDIT_TEST_SCALE_JOIN_EXIT"] = "1"
+        try:
+            p, logs = self.launch("failed", 2, 1, ["runtime.rendezvousTimeoutSeconds=8"],
+                                  ["--scale-at", f"{GROW_AT}:3"])
+        finally:
+            del os.environ["EDIT_TEST_SCALE_JOIN_EXIT"]
+        out = p.stdout[-3000:] + p.stderr[-3000:]
+        self.assertEqual(p.returncode, 0, out)
+        self.assertIn("edit-run: worker 2 of a new replica exited with code 1 before it joined; "
+                      "the job stays at 2 replicas", p.stderr)
+        self.assertIn("scale-up to 3 replicas failed", p.stderr)
+        s = summaries(logs)
+        for r in (0, 1):
+            self.assertEqual(s[r]["scales"], 0, s[r])
+            self.assertEqual(s[r]["scales_abandoned"], 1, s[r])
+            self.assertEqual(s[r]["recoveries"], 0, s[r])
+            self.assertEqual(s[r]["steps"], 48, s[r])
+        final = sorted(glob.glob(os.path.join(self.d, "ck-failed", "step-*")))[-1]
+        a, b = (ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in (0, 1))
+        for k, v in a.items():
+            if k.endswith("/theta") or k.endswith("/outer"):
+                self.assertEqual(v, b[k], f"replicas differ in {k}")
+
     def test_scale_needs_a_local_mode(self):
         p, _ = self.launch("ddp", 2, 1, ["algorithm.mode=ddp"], ["--scale-at", "16:3"])
         self.assertEqual(p.returncode, 2, p.stdout[-2000:] + p.stderr[-2000:])

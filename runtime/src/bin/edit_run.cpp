@@ -406,7 +406,7 @@ int main(int argc, char** argv) {
   auto start = [&](Worker& w, const char* join) {
     if (!o.logDir.empty() && !w.log.is_open()) {
       ::mkdir(o.logDir.c_str(), 0755);
-      w.log.open(o.logDir + "/rank-" + std::to_string(w.rank) + ".log", std::ios::app);
+      w.log.open(o.logDir + "/rank-" + std::to_string(w.rank) + ".log");  // once per run: a reused slot appends
     }
     return spawn(w, o, bin, port, coreType, join, replicas, localWorld);
   };

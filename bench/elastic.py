@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Elastic replicas (docs/elastic.md): what a scale costs, locally with edit-run --scale-at.
+
+One run grows 2 -> 3 replicas and shrinks back to 2; a second keeps 2 replicas throughout.
+Reported: the survivors' seconds inside the two scales (from leaving the round's process
+groups to training again), the new replica's start-up (process start to its first step:
+rendezvous wait and state copy included), the job's tokens/s in each phase, and the
+validation loss of both runs.
+
+    python3 bench/elastic.py                    # writes bench/results/<date>/elastic.md
+    python3 bench/elastic.py --shards 2         # replicas of 2 ZeRO-3 shards
+
+On a 2-core machine a third replica adds processes, not cores: the job's tokens/s cannot
+grow much; what the table shows is that a scale costs seconds, not a restart.
+"""
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, log  # noqa: E402
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=240)
+    p.add_argument("--grow", type=int, default=80, help="step of the 2 -> 3 point")
+    p.add_argument("--shrink", type=int, default=160, help="step of the 3 -> 2 point")
+    p.add_argument("--shards", type=int, default=1)
+    p.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "runtime"))
+    p.add_argument("--out", help="results folder (default bench/results/<date>)")
+    return p.parse_args(argv)
+
+
+def run(a, tmp, tag, scale):
+    logs = os.path.join(tmp, tag)
+    cmd = [os.path.join(a.bin_dir, "edit-run"), "--nproc", str(2 * a.shards), "--shards", str(a.shards),
+           "--config", os.path.join(ROOT, "examples", "local", "tiny.yaml"), "--log-dir", logs, "--quiet",
+           "--set", f"training.steps={a.steps}", "--set", "training.logEvery=1", "--set", "checkpoint.dir="]
+    if scale:
+        cmd += ["--scale-at", f"{a.grow}:3", "--scale-at", f"{a.shrink}:2"]
+    log(" ".join(cmd[1:]))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise SystemExit(f"{tag}: edit-run exited {p.returncode}\n{p.stderr[-3000:]}")
+    rows, summaries = {}, {}
+    for f in glob.glob(os.path.join(logs, "rank-*.log")):
+        for line in open(f):
+            if line.startswith("@edit "):
+                j = json.loads(line[6:])
+                rows.setdefault(j["rank"], []).append(j)
+            elif line.startswith("@edit-summary "):
+                s = json.loads(line[14:])
+                summaries[s["rank"]] = s
+    return rows, summaries
+
+
+def phase_tps(rows, lo, hi):
+    """The job's tokens/s over steps (lo, hi]: per rank the median of its reports there,
+    summed over the ranks that reported."""
+    total = 0.0
+    for rs in rows.values():
+        v = [r["tps"] for r in rs if lo < r["step"] <= hi and r["phase"] != "warmup"]
+        if v:
+            total += statistics.median(v)
+    return total
+
+
+def main(argv):
+    a = parse(argv)
+    out = a.out or os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat())
+    os.makedirs(out, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="edit-bench-elastic-")
+    rows, s = run(a, tmp, "elastic", True)
+    frows, fs = run(a, tmp, "fixed", False)
+    N = a.shards
+    margin = 4  # steps around each point left out of the phases (the redone step, the join)
+    phases = [("2 replicas", 0, a.grow), ("3 replicas", a.grow + margin, a.shrink), ("2 again", a.shrink + margin, a.steps)]
+    new = [r for r in s if s[r].get("joined")]
+    res = {
+        "args": vars(a),
+        "scale_seconds": max(s[r]["scale_seconds"] for r in range(2 * N)),
+        "new_replica_startup_seconds": max(s[r]["startup_seconds"] for r in new) if new else None,
+        "phases": {name: phase_tps(rows, lo, hi) for name, lo, hi in phases},
+        "fixed_phases": {name: phase_tps(frows, lo, hi) for name, lo, hi in phases},
+        "val_loss": s[0]["val_loss"], "fixed_val_loss": fs[0]["val_loss"],
+        "wall": s[0]["seconds"], "fixed_wall": fs[0]["seconds"],
+    }
+    with open(os.path.join(out, "elastic.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    L = [f"# Elastic replicas: 2 -> 3 -> 2 with edit-run --scale-at ({datetime.datetime.now():%Y-%m-%d %H:%M})", "",
+         f"`python3 bench/elastic.py{' --shards ' + str(N) if N > 1 else ''}`: tiny preset (examples/local/tiny.yaml), "
+         f"{a.steps} steps, {N} shard(s) per replica, grow at step {a.grow}, shrink at step {a.shrink}; a second run "
+         "keeps 2 replicas. Shared 2-core machine.", "",
+         "| | elastic run | 2 replicas throughout |", "|---|---:|---:|"]
+    for name, _, _ in phases:
+        L.append(f"| job tok/s, {name} (steps of that phase) | {res['phases'][name]:,.0f} | {res['fixed_phases'][name]:,.0f} |")
+    L += [f"| seconds inside both scales (a survivor: groups left to training again) | {res['scale_seconds']:.1f} | - |",
+          f"| new replica: start of training (LibTorch loaded) to its first step, rendezvous wait and state copy included | {res['new_replica_startup_seconds']:.1f} | - |",
+          f"| whole run, seconds (rank 0) | {res['wall']:.1f} | {res['fixed_wall']:.1f} |",
+          f"| validation loss | {res['val_loss']:.4f} | {res['fixed_val_loss']:.4f} |", ""]
+    with open(os.path.join(out, "elastic.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
+    log(f"wrote {out}/elastic.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -19,6 +19,7 @@ import datetime
 import glob
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -50,27 +51,33 @@ def run(a, tmp, tag, scale):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"{tag}: edit-run exited {p.returncode}\n{p.stderr[-3000:]}")
-    rows, summaries = {}, {}
+    rows, summaries, scaled_at = {}, {}, []
     for f in glob.glob(os.path.join(logs, "rank-*.log")):
-        for line in open(f):
-            if line.startswith("@edit "):
-                j = json.loads(line[6:])
-                rows.setdefault(j["rank"], []).append(j)
-            elif line.startswith("@edit-summary "):
-                s = json.loads(line[14:])
-                summaries[s["rank"]] = s
-    return rows, summaries
+        with open(f) as fh:
+            for line in fh:
+                if line.startswith("@edit "):
+                    j = json.loads(line[6:])
+                    rows.setdefault(j["rank"], []).append(j)
+                elif line.startswith("@edit-summary "):
+                    s = json.loads(line[14:])
+                    summaries[s["rank"]] = s
+                elif f.endswith("rank-0.log"):
+                    # Where each scale really happened: the first sync round at or after its point.
+                    m = re.search(r"scaled to \d+ replicas .* at step (\d+)", line)
+                    if m:
+                        scaled_at.append(int(m.group(1)))
+    return rows, summaries, scaled_at
 
 
 def phase_tps(rows, lo, hi):
-    """The job's tokens/s over steps (lo, hi]: per rank the median of its reports there,
-    summed over the ranks that reported."""
-    total = 0.0
+    """The job's tokens/s over the local steps in (lo, hi]: per step the sum of the tokens/s
+    every rank reported for it, the median over the steps."""
+    by_step = {}
     for rs in rows.values():
-        v = [r["tps"] for r in rs if lo < r["step"] <= hi and r["phase"] != "warmup"]
-        if v:
-            total += statistics.median(v)
-    return total
+        for r in rs:
+            if lo < r["step"] <= hi and r["phase"] != "warmup":
+                by_step[r["step"]] = by_step.get(r["step"], 0.0) + r["tps"]
+    return statistics.median(by_step.values()) if by_step else 0.0
 
 
 def main(argv):
@@ -78,14 +85,17 @@ def main(argv):
     out = a.out or os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat())
     os.makedirs(out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="edit-bench-elastic-")
-    rows, s = run(a, tmp, "elastic", True)
-    frows, fs = run(a, tmp, "fixed", False)
+    rows, s, scaled_at = run(a, tmp, "elastic", True)
+    frows, fs, _ = run(a, tmp, "fixed", False)
     N = a.shards
-    margin = 4  # steps around each point left out of the phases (the redone step, the join)
-    phases = [("2 replicas", 0, a.grow), ("3 replicas", a.grow + margin, a.shrink), ("2 again", a.shrink + margin, a.steps)]
+    if len(scaled_at) != 2:
+        raise SystemExit(f"expected two scales in rank 0's log, found {scaled_at}")
+    margin = 2  # steps after each scale left out (the redone step, the new replica's first)
+    grew, shrank = scaled_at
+    phases = [("2 replicas", 0, grew), ("3 replicas", grew + margin, shrank), ("2 again", shrank + margin, a.steps)]
     new = [r for r in s if s[r].get("joined")]
     res = {
-        "args": vars(a),
+        "args": vars(a), "scaled_at_steps": scaled_at,
         "scale_seconds": max(s[r]["scale_seconds"] for r in range(2 * N)),
         "new_replica_startup_seconds": max(s[r]["startup_seconds"] for r in new) if new else None,
         "phases": {name: phase_tps(rows, lo, hi) for name, lo, hi in phases},
@@ -97,8 +107,9 @@ def main(argv):
         json.dump(res, f, indent=1)
     L = [f"# Elastic replicas: 2 -> 3 -> 2 with edit-run --scale-at ({datetime.datetime.now():%Y-%m-%d %H:%M})", "",
          f"`python3 bench/elastic.py{' --shards ' + str(N) if N > 1 else ''}`: tiny preset (examples/local/tiny.yaml), "
-         f"{a.steps} steps, {N} shard(s) per replica, grow at step {a.grow}, shrink at step {a.shrink}; a second run "
-         "keeps 2 replicas. Shared 2-core machine.", "",
+         f"{a.steps} steps, {N} shard(s) per replica, `--scale-at {a.grow}:3 --scale-at {a.shrink}:2` (the scales "
+         f"happened at the sync rounds of steps {grew} and {shrank}); a second run keeps 2 replicas. Job tokens/s: per "
+         "step the sum over the ranks that reported it, the median over the phase's local steps. Shared 2-core machine.", "",
          "| | elastic run | 2 replicas throughout |", "|---|---:|---:|"]
     for name, _, _ in phases:
         L.append(f"| job tok/s, {name} (steps of that phase) | {res['phases'][name]:,.0f} | {res['fixed_phases'][name]:,.0f} |")

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -37,6 +38,9 @@ namespace {
 
 volatile sig_atomic_t gSignal = 0;
 void onSignal(int s) { gSignal = s; }
+// SIGUSR1 / SIGUSR2 to edit-run: one replica more / fewer, forwarded to rank 0.
+std::atomic<int> gScaleUp{0}, gScaleDown{0};  // lock-free: safe in a signal handler
+void onScaleSignal(int s) { (s == SIGUSR1 ? gScaleUp : gScaleDown).fetch_add(1); }
 
 struct Options {
   int nproc = 4, shards = 1, masterPort = 0, metricsPort = -1, maxRecoveries = 3;
@@ -65,7 +69,9 @@ struct Options {
       "  --scale-at STEP:M change to M replicas at the first sync round at or after\n"
       "                    STEP (repeatable; local modes): new replicas join from\n"
       "                    their peers, leaving ones exit; no checkpoint is read\n"
-      "  --quiet           no progress lines, only the summary\n";
+      "  --quiet           no progress lines, only the summary\n"
+      "  kill -USR1 / -USR2 <edit-run's pid>: one replica more / fewer at the next\n"
+      "                    sync round (local modes), like --scale-at\n";
   std::exit(code);
 }
 
@@ -288,7 +294,7 @@ std::vector<int> gScaleTargets;
 
 void handleLine(Worker& w, const std::string& line, bool isErr, std::vector<Worker>& ws,
                 bool quiet) {
-  if (w.log.is_open()) w.log << line << "\n";
+  if (w.log.is_open()) w.log << line << std::endl;  // flushed: tail -f and the tests read it live
   if (isErr) {
     std::cerr << line << "\n";
     if (w.joining && line.find("as a new replica") != std::string::npos) w.joining = false;
@@ -414,6 +420,10 @@ int main(int argc, char** argv) {
   sa.sa_handler = onSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  struct sigaction su {};
+  su.sa_handler = onScaleSignal;
+  sigaction(SIGUSR1, &su, nullptr);
+  sigaction(SIGUSR2, &su, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   std::cout << "edit-run: " << o.nproc << " workers (" << o.nproc / o.shards << " replicas x "
@@ -451,9 +461,23 @@ int main(int argc, char** argv) {
         if (!open) { ::close(w.out); w.out = -1; }
       }
     }
+    // Asked by signal: rank 0 puts it to the others at the next sync round's control exchange.
+    for (int up = gScaleUp.exchange(0), down = gScaleDown.exchange(0); up + down > 0;) {
+      const bool more = up > 0;
+      (more ? up : down)--;
+      if (stopping || ws[0].exited) continue;
+      std::cerr << "edit-run: " << (more ? "SIGUSR1: one replica more" : "SIGUSR2: one replica fewer")
+                << " at the next sync round" << std::endl;
+      ::kill(ws[0].pid, more ? SIGUSR1 : SIGUSR2);
+    }
     // A scale the workers began (rank 0 said so): start the new replicas' ranks, or note
     // that the last ones leave (they exit 0 by themselves).
     for (const int target : gScaleTargets) {
+      if (target * o.shards > static_cast<int>(ws.size())) {  // beyond --scale-at's largest: new slots
+        const int from = static_cast<int>(ws.size());
+        ws.resize(target * o.shards);
+        for (int r = from; r < target * o.shards; ++r) ws[r].rank = r;
+      }
       scaleFrom = replicas;
       if (stopping || target == replicas) continue;
       const int first = std::min(target, replicas) * o.shards, last = std::max(target, replicas) * o.shards;

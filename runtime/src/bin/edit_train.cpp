@@ -116,6 +116,9 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGTERM, onTerminate);
   std::signal(SIGINT, onTerminate);
+  // One replica more (USR1) or fewer (USR2) at the next sync round (docs/elastic.md).
+  std::signal(SIGUSR1, [](int) { gScaleRequest.fetch_add(1); });
+  std::signal(SIGUSR2, [](int) { gScaleRequest.fetch_sub(1); });
 
   // Intra-op threads: the cores shared by the workers on this machine.
   int threads = cfg.runtime.threads;

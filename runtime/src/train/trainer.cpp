@@ -17,6 +17,7 @@
 namespace edit {
 
 std::atomic<bool> gTerminateRequested{false};
+std::atomic<int> gScaleRequest{0};
 
 Trainer::Trainer(Config cfg, MeshSpec mesh, TrainerHooks hooks)
     : cfg_(std::move(cfg)), mode_(modeTraits(cfg_.algorithm.mode)), mesh_(std::move(mesh)), hooks_(std::move(hooks)) {}
@@ -53,6 +54,15 @@ void Trainer::selectDevice() {
 
 bool Trainer::isLocalMode() const { return mode_.clock != SyncClock::EveryStep; }
 
+const char* Trainer::whyNotScalable() const {
+  return !isLocalMode() ? "a local mode (edit, a-edit, diloco or localsgd): ddp has no sync rounds"
+         : cfg_.runtime.recovery != "inPlace"
+             ? "runtime.recovery inPlace (a scale re-forms the world like an in-place recovery)"
+         : overlap_                ? "algorithm.overlapSteps 0"
+         : mesh_.backend == "nccl" ? "the Gloo backend (the NCCL path of a re-formed world has not run)"
+                                   : nullptr;
+}
+
 bool Trainer::synchronousAt(int64_t t) const {
   return !isLocalMode() || t < cfg_.algorithm.warmupSteps;
 }
@@ -79,15 +89,8 @@ void Trainer::setup() {
     roundComm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix() + "overlap/");
     roundStream_ = std::make_unique<CommStream>(*roundComm_, mesh_.device);
   }
-  if (!mesh_.scaleAt.empty()) {
-    const char* needs = !isLocalMode() ? "a local mode (edit, a-edit, diloco or localsgd): ddp has no sync rounds"
-                        : cfg_.runtime.recovery != "inPlace"
-                            ? "runtime.recovery inPlace (a scale re-forms the world like an in-place recovery)"
-                        : overlap_                  ? "algorithm.overlapSteps 0"
-                        : mesh_.backend == "nccl"   ? "the Gloo backend (the NCCL path of a re-formed world has not run)"
-                                                    : nullptr;
-    if (needs) throw ConfigError(std::string("EDIT_SCALE_AT (edit-run --scale-at) needs ") + needs);
-  }
+  if (const char* needs = whyNotScalable(); needs && !mesh_.scaleAt.empty())
+    throw ConfigError(std::string("EDIT_SCALE_AT (edit-run --scale-at) needs ") + needs);
   rendezvous_->formed(postsArrivals());  // the groups are formed (dist/rendezvous.h)
   stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);
   units_ = buildUnits(shape_, comm_->shards(), comm_->shard(), cfg_.training.seed, device_);
@@ -220,10 +223,13 @@ Trainer::Control Trainer::exchangeControl(int64_t t) {
   // One tiny world all-gather at points every rank reaches in the same order: each step
   // of a synchronous phase, or each sync round of a local phase.
   Control c;
+  // A scale asked of this worker (SIGUSR1/SIGUSR2; edit-run sends them to rank 0 only).
+  const int delta = mesh_.rank == 0 ? gScaleRequest.exchange(0) : 0;
+  const double replicas = delta != 0 ? std::max(1, comm_->replicas() + delta) : 0;
   auto mine = torch::tensor({stopRequested_ ? 1.0 : 0.0, checkpointRequested_ ? 1.0 : 0.0,
-                             static_cast<double>(t), gTerminateRequested ? 1.0 : 0.0}, torch::kFloat64);
+                             static_cast<double>(t), gTerminateRequested ? 1.0 : 0.0, replicas}, torch::kFloat64);
   const int W = comm_->world();
-  auto all = torch::empty({W, 4}, torch::kFloat64);
+  auto all = torch::empty({W, 5}, torch::kFloat64);
   std::vector<torch::Tensor> outs;
   for (int r = 0; r < W; ++r) outs.push_back(all[r]);
   comm_->allgather(Group::World, mine, outs);
@@ -234,8 +240,19 @@ Trainer::Control Trainer::exchangeControl(int64_t t) {
     c.checkpoint = c.checkpoint || acc[r][1] > 0;
     if (r % comm_->shards() == 0) c.replicaSteps += static_cast<int64_t>(acc[r][2]);
     terminated += acc[r][3] > 0 ? 1 : 0;
+    c.replicas = std::max(c.replicas, static_cast<int>(acc[r][4]));
   }
   checkpointRequested_ = false;
+  if (c.replicas > 0) {
+    // Every rank decides alike: the scale runs right after this step's round (or the first
+    // round, in the synchronous warm-up), or not at all.
+    if (const char* needs = whyNotScalable()) {
+      log("scale to " + std::to_string(c.replicas) + " replicas asked (SIGUSR1/SIGUSR2): ignored, it needs " + needs);
+    } else {
+      log("scale to " + std::to_string(c.replicas) + " replicas asked: after the next sync round");
+      pendingReplicas_ = c.replicas;
+    }
+  }
   // SIGTERM on every rank (Ctrl-C, a suspended or deleted job) stops the gang after a
   // checkpoint. On some ranks only (their pods were deleted or evicted) those ranks leave
   // and the others recover in place around their replacements, where that is possible;

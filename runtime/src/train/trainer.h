@@ -105,6 +105,7 @@ class Trainer {
   struct Control {
     bool stop = false, checkpoint = false;
     int64_t replicaSteps = 0;  // steps summed over replicas
+    int replicas = 0;          // a scale asked of rank 0 (gScaleRequest): to this many replicas
   };
   struct StepOutcome {  // what one step saw
     double loss = 0;
@@ -203,7 +204,9 @@ class Trainer {
   // mesh_.scaleAt, the world re-forms with the new number of replicas like an in-place
   // recovery. Returns true on the ranks of a replica that leaves.
   bool scaleDue(int64_t t) const;
-  bool scale(int64_t t, TrainResult& result);
+  bool scale(int64_t t, int replicas, TrainResult& result);
+  // Why this run cannot change its number of replicas (nullptr: it can).
+  const char* whyNotScalable() const;
   void joinRunningJob();   // a replacement's restoreFromPeers, retried like a survivor's
   void leaveGeneration();  // drops the process groups of a broken generation
 
@@ -262,6 +265,7 @@ class Trainer {
   int partialTermExchanges_ = 0;  // consecutive control exchanges where some ranks, not all, had SIGTERM
   bool outerLost_ = false;        // a failed state copy left outer_ half written
   size_t nextScale_ = 0;          // the next point of mesh_.scaleAt (agreed in restoreFromPeers)
+  int pendingReplicas_ = 0;       // a scale agreed at a control exchange, done after the round
   bool scaling_ = false;          // restoreFromPeers runs for a scale, not a lost peer
 
   // algorithm.overlapSteps. Per unit, while its round is in flight: base_ is the local
@@ -278,5 +282,8 @@ class Trainer {
 
 // Set by edit-train's SIGTERM handler; every Trainer polls it.
 extern std::atomic<bool> gTerminateRequested;
+// Replicas to add (or remove, negative) at the next sync round: edit-train's SIGUSR1 (+1)
+// and SIGUSR2 (-1), which edit-run forwards to rank 0. Read by rank 0 only (docs/elastic.md).
+extern std::atomic<int> gScaleRequest;
 
 }  // namespace edit

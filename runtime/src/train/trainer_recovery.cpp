@@ -303,6 +303,9 @@ void Trainer::continueFromRound(int64_t round, int64_t step, int64_t lastCkpt) {
   controlId_ = std::max<int64_t>(controlId_, lastCkpt);
   partialTermExchanges_ = 0;  // a new generation: a joiner counts from zero too
   outerLost_ = false;
+  // A scale asked before a recovery is dropped: a replacement would not know of it.
+  if (pendingReplicas_ > 0 && !scaling_) log("the scale asked before this recovery is dropped: ask again");
+  pendingReplicas_ = 0;
   agreeJobSteps();  // the job's progress at the restored round (A-EDiT's learning rate)
 }
 
@@ -384,15 +387,15 @@ bool Trainer::scaleDue(int64_t t) const {
   return progress >= mesh_.scaleAt[nextScale_].step;
 }
 
-bool Trainer::scale(int64_t t, TrainResult& result) {
+bool Trainer::scale(int64_t t, int M2, TrainResult& result) {
   // Right after a sync round every rank holds the same outer state: the world re-forms with
   // M' replicas the way an in-place recovery does (new rendezvous generation, new process
   // groups), a new replica copies the outer state, momentum and inner moments from its
   // sync-group peers, and everyone continues from this round (inner := outer, this step
   // redone without its round). No checkpoint is read.
-  const int M = comm_->replicas(), N = comm_->shards(), M2 = mesh_.scaleAt[nextScale_++].replicas;
+  const int M = comm_->replicas(), N = comm_->shards();
   if (M2 == M) {
-    log("scale point " + std::to_string(nextScale_) + ": already " + std::to_string(M) + " replicas");
+    log("scale: already " + std::to_string(M) + " replicas");
     return false;
   }
   const bool leaving = comm_->replica() >= M2;

@@ -93,7 +93,12 @@ double Trainer::stepLoop(TrainResult& result) {
             " val_loss " + std::to_string(evaluate(cfg_.data.valBatches, Group::Shard)));
       if (hooks_.onStep) hooks_.onStep(stepReport(t, t0, wait0, lastLoss, out));
       failIfStalled();  // after the report, so that the metrics show the streak
-      if (out.synced && scaleDue(t) && scale(t, result)) break;  // this replica left
+      if (out.synced && (pendingReplicas_ > 0 || scaleDue(t))) {
+        // An asked scale first; a --scale-at point due at the same round waits for the next.
+        const int to = pendingReplicas_ > 0 ? pendingReplicas_ : mesh_.scaleAt[nextScale_++].replicas;
+        pendingReplicas_ = 0;
+        if (scale(t, to, result)) break;  // this replica left
+      }
     } catch (const PeerLost& e) {
       // A peer died or hung: in a local phase the survivors wait for its replacement and
       // continue from the last sync round; otherwise edit-train exits 75 (gang restart).

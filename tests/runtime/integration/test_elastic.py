@@ -10,8 +10,10 @@ import glob
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -145,6 +147,52 @@ class Elastic(unittest.TestCase):
             self.assertEqual(s[r]["recoveries"], 0, s[r])
             self.assertEqual(s[r]["steps"], 48, s[r])
         final = sorted(glob.glob(os.path.join(self.d, "ck-failed", "step-*")))[-1]
+        a, b = (ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in (0, 1))
+        for k, v in a.items():
+            if k.endswith("/theta") or k.endswith("/outer"):
+                self.assertEqual(v, b[k], f"replicas differ in {k}")
+
+    def test_sigusr1_grows_and_sigusr2_shrinks(self):
+        # Asked while the job runs: kill -USR1 edit-run adds a replica at the next sync
+        # round, kill -USR2 removes one. Rank 0 is paced so the signals land mid-run.
+        logs = os.path.join(self.d, "logs-signals")
+        sets = self.base_sets() + ["algorithm.mode=edit", f"checkpoint.dir={self.d}/ck-signals",
+                                   "runtime.rendezvousTimeoutSeconds=120", "training.steps=160",
+                                   "debug.injectStepDelay.rank=0", "debug.injectStepDelay.seconds=0.03"]
+        p = subprocess.Popen([EDIT_RUN, "--nproc", "2", "--log-dir", logs] + sum((["--set", x] for x in sets), []),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        rank0 = os.path.join(logs, "rank-0.log")
+
+        def wait_for(pattern, timeout=120):
+            end = time.time() + timeout
+            while time.time() < end:
+                if os.path.exists(rank0):
+                    with open(rank0) as f:
+                        m = re.search(pattern, f.read())
+                    if m:
+                        return m
+                time.sleep(0.1)
+            p.kill()
+            self.fail(f"no {pattern!r} in rank 0's log: {p.communicate()[1][-2000:]}")
+
+        wait_for(r'@edit .*"phase":\s*"local"')
+        p.send_signal(signal.SIGUSR1)
+        grew = int(wait_for(r"scaled to 3 replicas .* at step (\d+)").group(1))
+        p.send_signal(signal.SIGUSR2)
+        shrank = int(wait_for(r"scaled to 2 replicas .* at step (\d+)").group(1))
+        out, err = p.communicate(timeout=600)
+        self.assertEqual(p.returncode, 0, out[-2000:] + err[-2000:])
+        self.assertIn("edit-run: SIGUSR1: one replica more at the next sync round", err)
+        self.assertIn("edit-run: SIGUSR2: one replica fewer at the next sync round", err)
+        self.assertLess(grew, shrank)
+        s = summaries(logs)
+        self.assertEqual(sorted(s), [0, 1, 2], err[-2000:])
+        for r in (0, 1):
+            self.assertEqual(s[r]["scales"], 2, s[r])
+            self.assertEqual(s[r]["steps"], 160, s[r])
+        self.assertTrue(s[2]["joined"] and s[2]["left_at_scale"], s[2])
+        self.assertEqual(s[2]["steps"], shrank + 1, s[2])
+        final = sorted(glob.glob(os.path.join(self.d, "ck-signals", "step-*")))[-1]
         a, b = (ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in (0, 1))
         for k, v in a.items():
             if k.endswith("/theta") or k.endswith("/outer"):

@@ -18,4 +18,14 @@ struct CommCount {
 // (op, group) -> cumulative counters, e.g. ("allgather", "shard").
 using CommCounts = std::map<std::pair<std::string, std::string>, CommCount>;
 
+// into += more, counter by counter.
+inline void addCounts(CommCounts& into, const CommCounts& more) {
+  for (const auto& [k, c] : more) {
+    auto& a = into[k];
+    a.bytes += c.bytes;
+    a.waitSeconds += c.waitSeconds;
+    a.calls += c.calls;
+  }
+}
+
 }  // namespace edit

@@ -170,7 +170,7 @@ class Trainer {
   UnitSyncResult overlapRound(size_t u);
   void drainOverlap();
   CommCounts commCounters() const;  // both communicators' counters, and earlier generations'
-  CommCounts commCarried_;          // counters of process groups already torn down
+  CommCounts commCarried_;          // counters of comm_'s process groups already torn down
 
   // Sync-round bookkeeping (trainer_rounds.cpp).
   void noteRound(const std::vector<UnitSyncResult>& res, StepOutcome& out);

@@ -77,16 +77,8 @@ void Trainer::drainOverlap() {
 CommCounts Trainer::commCounters() const {
   // Earlier generations' process groups (recoveries, scales), then the current ones.
   auto all = commCarried_;
-  auto add = [&all](const CommCounts& more) {
-    for (const auto& [k, c] : more) {
-      auto& a = all[k];
-      a.bytes += c.bytes;
-      a.waitSeconds += c.waitSeconds;
-      a.calls += c.calls;
-    }
-  };
-  if (comm_) add(comm_->counters());
-  if (roundComm_) add(roundComm_->counters());
+  if (comm_) addCounts(all, comm_->counters());
+  if (roundComm_) addCounts(all, roundComm_->counters());
   return all;
 }
 

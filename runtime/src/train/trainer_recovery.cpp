@@ -123,7 +123,7 @@ void Trainer::leaveGeneration() {
   // blocked on us notice now instead of at its timeout.
   if (stream_) stream_->abort();
   stream_.reset();
-  if (comm_) commCarried_ = commCounters();  // the run's totals outlive the groups
+  if (comm_) addCounts(commCarried_, comm_->counters());  // the run's totals outlive the groups
   comm_.reset();
   releaseAll();  // the failed step may have left units gathered
 }

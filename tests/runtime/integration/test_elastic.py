@@ -25,6 +25,17 @@ GROW_AT, SHRINK_AT = 16, 32  # sync steps of base_sets (warm-up 8, a round every
 TOKENS_PER_STEP = 4 * 32     # data.batchSize x data.seqLen of base_sets
 
 
+def assert_final_replicas_identical(test, ck_dir, world, shards):
+    """The newest checkpoint of ck_dir holds bit-identical weights on every replica."""
+    final = sorted(glob.glob(os.path.join(ck_dir, "step-*")))[-1]
+    files = [ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in range(world)]
+    for r in range(shards, world):
+        for k, v in files[r].items():
+            if k.endswith("/theta") or k.endswith("/outer"):
+                test.assertEqual(v, files[r % shards][k], f"rank {r} differs from rank {r % shards} in {k}")
+    return final
+
+
 class Elastic(unittest.TestCase):
     setUp = base.EditRun.setUp
     tearDown = base.EditRun.tearDown
@@ -76,14 +87,9 @@ class Elastic(unittest.TestCase):
             self.assertEqual(s[r]["val_loss"], -1, "a replica that left evaluates nothing")
         # The replicas end bit-identical (the final sync), in the final checkpoint of the
         # 2-replica world.
-        final = sorted(glob.glob(os.path.join(self.d, "ck-elastic", "step-*")))[-1]
+        final = assert_final_replicas_identical(self, os.path.join(self.d, "ck-elastic"), 2 * n, n)
         self.assertTrue(final.endswith("step-00000048"), final)
-        files = [ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in range(2 * n)]
         self.assertFalse(os.path.exists(os.path.join(final, f"rank-{2 * n:05d}.ckpt")))
-        for r in range(n, 2 * n):
-            for k, v in files[r].items():
-                if k.endswith("/theta") or k.endswith("/outer"):
-                    self.assertEqual(v, files[r % n][k], f"rank {r} differs from rank {r % n} in {k}")
         got = s[0]["val_loss"]
         ref = summaries(fixed_logs)[0]["val_loss"]
         self.assertTrue(math.isfinite(got))
@@ -118,11 +124,7 @@ class Elastic(unittest.TestCase):
             self.assertEqual(s[r]["scales"], 2, s[r])
             self.assertEqual(s[r]["recoveries"], 0, s[r])
         self.assertTrue(s[2]["joined"] and s[2]["left_at_scale"], s[2])
-        final = sorted(glob.glob(os.path.join(self.d, "ck-aedit", "step-*")))[-1]
-        a, b = (ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in (0, 1))
-        for k, v in a.items():
-            if k.endswith("/theta") or k.endswith("/outer"):
-                self.assertEqual(v, b[k], f"replicas differ in {k}")
+        assert_final_replicas_identical(self, os.path.join(self.d, "ck-aedit"), 2, 1)
         self.assertTrue(math.isfinite(s[0]["val_loss"]))
 
     def test_new_replica_that_dies_before_joining_leaves_the_job_at_its_size(self):
@@ -146,11 +148,7 @@ class Elastic(unittest.TestCase):
             self.assertEqual(s[r]["scales_abandoned"], 1, s[r])
             self.assertEqual(s[r]["recoveries"], 0, s[r])
             self.assertEqual(s[r]["steps"], 48, s[r])
-        final = sorted(glob.glob(os.path.join(self.d, "ck-failed", "step-*")))[-1]
-        a, b = (ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in (0, 1))
-        for k, v in a.items():
-            if k.endswith("/theta") or k.endswith("/outer"):
-                self.assertEqual(v, b[k], f"replicas differ in {k}")
+        assert_final_replicas_identical(self, os.path.join(self.d, "ck-failed"), 2, 1)
 
     def test_sigusr1_grows_and_sigusr2_shrinks(self):
         # Asked while the job runs: kill -USR1 edit-run adds a replica at the next sync
@@ -192,11 +190,7 @@ class Elastic(unittest.TestCase):
             self.assertEqual(s[r]["steps"], 160, s[r])
         self.assertTrue(s[2]["joined"] and s[2]["left_at_scale"], s[2])
         self.assertEqual(s[2]["steps"], shrank + 1, s[2])
-        final = sorted(glob.glob(os.path.join(self.d, "ck-signals", "step-*")))[-1]
-        a, b = (ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in (0, 1))
-        for k, v in a.items():
-            if k.endswith("/theta") or k.endswith("/outer"):
-                self.assertEqual(v, b[k], f"replicas differ in {k}")
+        assert_final_replicas_identical(self, os.path.join(self.d, "ck-signals"), 2, 1)
 
     def test_scale_needs_a_local_mode(self):
         p, _ = self.launch("ddp", 2, 1, ["algorithm.mode=ddp"], ["--scale-at", "16:3"])

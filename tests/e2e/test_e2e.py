@@ -200,7 +200,8 @@ class InvalidManifests(Base):
 
 class SpecChanges(Base):
     """Fields that cannot change on a running job are rejected by kubectl apply (the CRD's
-    transition rules), naming the field; a runPolicy change and a suspend/resume are
+    transition rules), naming the field; a replicas change passes the API (server-side dry
+    run: scaling itself is the operator's); a runPolicy change and a suspend/resume are
     accepted and acted on, and status.observedGeneration then says so."""
 
     def test_immutable_fields_rejected_runpolicy_accepted(self):
@@ -220,7 +221,7 @@ class SpecChanges(Base):
                 node = node.setdefault(k, {})
             node[path[-1]] = value
             return j
-        for path, value in ((("replicas",), 3), (("image",), "other:2"), (("model", "preset"), "small"),
+        for path, value in ((("shardsPerReplica",), 2), (("image",), "other:2"), (("model", "preset"), "small"),
                             (("runtime", "bucketMB"), 8),
                             (("args",), ["--set", "training.lr=0.1"]), (("runPolicy", "replicaRecovery"), "GangRestart"),
                             (("podTemplate", "metadata", "labels"), {"team": "ml"})):
@@ -229,6 +230,7 @@ class SpecChanges(Base):
                 res = self.c.kubectl("apply", "-f", "-", input=json.dumps(edited(path, value)), check=False)
                 self.assertNotEqual(res.returncode, 0, "%s change accepted:\n%s" % (field, res.stdout))
                 self.assertIn('%s: Forbidden: %s cannot change once the job exists' % (field, field), res.stderr)
+        self.c.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(edited(("replicas",), 3)))
         st = self.c.job(ns, "fixed")
         self.assertEqual(st["spec"]["replicas"], 2)
         self.assertEqual(len(self.c.pods(ns, "fixed")), 2)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """crds/editjob.yaml: names, printer columns, a structural schema with a description on
 every field, valid defaults, CEL rules that name existing fields, transition rules that
-keep every spec field but runPolicy and stragglerPolicy immutable, and every EDiTJob
-under examples/ valid against the schema. The worker-config sections (model, data,
+keep every spec field but replicas, runPolicy and stragglerPolicy immutable, a scale
+subresource whose paths name fields of the right types, and every EDiTJob under examples/
+valid against the schema. The worker-config sections (model, data,
 training, algorithm, checkpoint, debug) are checked against `edit-train --print-schema`
 by scripts/schema_outputs.py (ctest packaging.crd_worker_schema)."""
 import re
@@ -12,16 +13,21 @@ from openapi_schema import resolve, validate, walk
 
 COLUMNS = {"Phase": ".status.phase", "Step": ".status.progress.step", "Loss": ".status.progress.loss",
            "Tokens/s": ".status.progress.tokensPerSecond", "Stragglers": ".status.stragglerCount",
-           "Age": ".metadata.creationTimestamp", "Restarts": ".status.restarts", "Message": ".status.message"}
+           "Age": ".metadata.creationTimestamp", "Restarts": ".status.restarts", "Message": ".status.message",
+           "Replicas": ".status.replicas"}
 # kubectl get -o wide only (priority 1).
 WIDE_COLUMNS = {"Restarts", "Mode", "Replicas", "Shards"}
 # spec fields that may change on a running job (the operator applies them at the next
-# reconcile); every other field has a transition rule. runPolicy.replicaRecovery does not
-# (the workers' config is made from it).
-MUTABLE = {"runPolicy", "stragglerPolicy"}
+# reconcile; replicas by scaling in place); every other field has a transition rule.
+# runPolicy.replicaRecovery does not (the workers' config is made from it).
+MUTABLE = {"replicas", "runPolicy", "stragglerPolicy"}
 IMMUTABLE_INSIDE = {"runPolicy": ["replicaRecovery"]}
 CEL_REQUIRED = {  # schema node -> a word its rules must mention
     "spec": "4096", "spec.algorithm": "syncSeconds", "spec.model": "heads"}
+# scale subresource (kubectl scale, HPA): path -> (the field it must name, its type).
+SCALE = {"specReplicasPath": (".spec.replicas", "integer"),
+         "statusReplicasPath": (".status.replicas", "integer"),
+         "labelSelectorPath": (".status.selector", "string")}
 
 
 def check_structure(schema, problems):
@@ -91,6 +97,22 @@ def check_immutable(spec, problems):
             problems.append(f"spec.{f}: mutable, but has transition rules")
 
 
+def check_scale(scale, schema, problems):
+    """The paths name the fields the operator reads and writes, with the types the API
+    server needs (it reads replicas as an integer, the selector as a string)."""
+    if not isinstance(scale, dict):
+        problems.append("scale subresource missing")
+        return
+    for key, (want, typ) in SCALE.items():
+        path = scale.get(key)
+        if path != want:
+            problems.append(f"scale.{key}: {path!r}, want {want}")
+            continue
+        node = resolve(schema, path[1:])
+        if node is None or node.get("type") != typ:
+            problems.append(f"scale.{key}: {path} is not a field of type {typ} in the schema")
+
+
 def check_crd(crd, problems):
     names = crd["spec"]["names"]
     expect = {"kind": "EDiTJob", "plural": "editjobs", "singular": "editjob", "shortNames": ["ej"],
@@ -107,6 +129,7 @@ def check_crd(crd, problems):
     if v.get("subresources", {}).get("status") != {}:
         problems.append("status subresource missing")
     schema = v["schema"]["openAPIV3Schema"]
+    check_scale(v.get("subresources", {}).get("scale"), schema, problems)
     cols = {c["name"]: c["jsonPath"] for c in v.get("additionalPrinterColumns", [])}
     for name, jp in COLUMNS.items():
         if cols.get(name) != jp:

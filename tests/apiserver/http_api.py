@@ -13,6 +13,7 @@ import errors
 import openapi
 import patch as patches
 import protobuf
+import scale
 import tables
 from selection import parse_field_selector, parse_label_selector
 from store import now_iso
@@ -221,8 +222,10 @@ class Handler(BaseHTTPRequestHandler):
         if req.sub == "log":
             return self._logs(req)
         if req.name:
-            if req.sub and req.sub not in ("status",):
+            if req.sub and req.sub not in ("status", "scale"):
                 raise errors.method_not_allowed()
+            if req.sub == "scale":
+                return self._send_json(200, scale.of(req.rt, st.get(req.rt, req.namespace, req.name)))
             obj = self._out(req.rt, st.get(req.rt, req.namespace, req.name))
             as_ = self._accept_as()
             if as_ == "Table":
@@ -363,18 +366,19 @@ class Handler(BaseHTTPRequestHandler):
         return self._send_json(201, self._out(req.rt, st.create(req.rt, req.namespace, obj)))
 
     def _put(self, req):
-        if not req.name or req.sub not in (None, "status", "finalize"):
+        if not req.name or req.sub not in (None, "status", "finalize", "scale"):
             raise errors.method_not_allowed()
+        if req.sub == "scale":
+            body = self._json_body()
+            return self._scale_write(req, lambda _old: body)
         obj = self._object_body(req)
         st = self.server.store
         sub = "status" if req.sub == "status" else None
-        if self._dry_run():
-            return self._send_json(200, st.get(req.rt, req.namespace, req.name))
-        out = st.update(req.rt, req.namespace, req.name, obj, sub)
+        out = st.update(req.rt, req.namespace, req.name, obj, sub, dry_run=self._dry_run())
         return self._send_json(200, self._out(req.rt, out))
 
     def _patch(self, req):
-        if not req.name or req.sub not in (None, "status"):
+        if not req.name or req.sub not in (None, "status", "scale"):
             raise errors.method_not_allowed()
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
         body = self._json_body()
@@ -384,12 +388,12 @@ class Handler(BaseHTTPRequestHandler):
         elif ctype == "application/json-patch+json":
             fn = lambda old: patches.json_patch(old, body)
         elif ctype == "application/strategic-merge-patch+json":
-            if req.rt.crd_name:
+            if req.rt.crd_name and req.sub != "scale":   # Scale is a built-in kind
                 raise errors.unsupported_media(ctype)   # as the real server
             fn = lambda old: patches.strategic_merge(old, body)
         elif ctype == "application/apply-patch+yaml":
             # Server-side apply approximated by a merge patch; creates if absent.
-            if st.find(req.rt, req.namespace, req.name) is None:
+            if req.sub is None and st.find(req.rt, req.namespace, req.name) is None:
                 body.setdefault("metadata", {})["name"] = req.name
                 out = st.create(req.rt, req.namespace, body)
                 return self._send_json(201, self._out(req.rt, out))
@@ -398,11 +402,20 @@ class Handler(BaseHTTPRequestHandler):
             raise errors.unsupported_media(ctype)
         if not isinstance(body, (dict, list)):
             raise errors.bad_request("invalid patch body")
-        if self._dry_run():
-            return self._send_json(200, fn(st.get(req.rt, req.namespace, req.name)))
+        if req.sub == "scale":
+            return self._scale_write(req, fn)
         out = st.mutate(req.rt, req.namespace, req.name, fn,
-                        "status" if req.sub == "status" else None)
+                        "status" if req.sub == "status" else None, dry_run=self._dry_run())
         return self._send_json(200, self._out(req.rt, out))
+
+    def _scale_write(self, req, change):
+        """PUT/PATCH of a custom resource's /scale: change(old Scale) gives the new Scale,
+        whose spec.replicas is written to the object; that is then an update of the main
+        resource (schema, CEL with oldSelf, generation, resourceVersion check, watch)."""
+        fn = lambda obj: scale.apply(req.rt, obj, change(scale.of(req.rt, obj)), req.name)
+        out = self.server.store.mutate(req.rt, req.namespace, req.name, fn,
+                                       dry_run=self._dry_run())
+        return self._send_json(200, scale.of(req.rt, out))
 
     def _evict(self, req):
         """The Eviction API (what kubectl drain calls): the pod gets the DisruptionTarget

@@ -11,7 +11,8 @@ ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "up
 class ResourceType:
     def __init__(self, group, version, plural, kind, namespaced=True, short_names=(),
                  categories=(), has_status=False, singular=None, schema=None,
-                 printer_columns=None, versions=None, crd_name=None, subresources=()):
+                 printer_columns=None, versions=None, crd_name=None, subresources=(),
+                 scale=None):
         self.group, self.version, self.plural, self.kind = group, version, plural, kind
         self.namespaced = namespaced
         self.short_names = list(short_names)
@@ -22,6 +23,7 @@ class ResourceType:
         self.printer_columns = printer_columns
         self.crd_name = crd_name             # set for custom resources
         self.subresources = list(subresources)
+        self.scale = scale                   # a CRD's subresources.scale (its paths)
         # All versions share one storage key, so objects survive version changes
         # (no conversion: only apiVersion is rewritten).
         self.key = "%s/%s" % (group, plural)
@@ -120,7 +122,8 @@ class Registry:
                 has_status="status" in sub, singular=names.get("singular"),
                 schema=(ver.get("schema") or {}).get("openAPIV3Schema") or {},
                 printer_columns=ver.get("additionalPrinterColumns") or [],
-                crd_name=name, subresources=["status"] if "status" in sub else []))
+                crd_name=name, subresources=[s for s in ("status", "scale") if s in sub],
+                scale=sub.get("scale")))
         with self.lock:
             self.unregister_crd(name)
             for rt in types:
@@ -181,13 +184,17 @@ class Registry:
             resources.append(entry)
             for sub in rt.subresources:
                 verbs, kind = {"log": (["get"], "Pod"), "eviction": (["create"], "Eviction"),
-                               "token": (["create"], "TokenRequest")}.get(sub, (["get", "patch", "update"], rt.kind))
+                               "token": (["create"], "TokenRequest"),
+                               "scale": (["get", "patch", "update"], "Scale")}.get(
+                                   sub, (["get", "patch", "update"], rt.kind))
                 entry = {"name": "%s/%s" % (rt.plural, sub), "singularName": "",
                          "namespaced": rt.namespaced, "verbs": verbs, "kind": kind}
                 if sub == "eviction":
                     entry.update(group="policy", version="v1")
                 if sub == "token":
                     entry.update(group="authentication.k8s.io", version="v1")
+                if sub == "scale":
+                    entry.update(group="autoscaling", version="v1")
                 resources.append(entry)
         return {"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": "%s/%s" % (group, version) if group else version,

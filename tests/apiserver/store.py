@@ -181,7 +181,7 @@ class Store:
             self._emit(rt, "ADDED", obj)
             return copy.deepcopy(obj)
 
-    def update(self, rt, ns, name, new, subresource=None, check_rv=True):
+    def update(self, rt, ns, name, new, subresource=None, check_rv=True, dry_run=False):
         """PUT semantics; 409 on a stale metadata.resourceVersion."""
         with self.lock:
             old = self.objects.get((rt.key, ns, name))
@@ -190,9 +190,9 @@ class Store:
             want = (new.get("metadata") or {}).get("resourceVersion")
             if check_rv and want and want != old["metadata"]["resourceVersion"]:
                 raise errors.conflict(rt, name)
-            return self._replace(rt, ns, name, old, copy.deepcopy(new), subresource)
+            return self._replace(rt, ns, name, old, copy.deepcopy(new), subresource, dry_run)
 
-    def mutate(self, rt, ns, name, fn, subresource=None):
+    def mutate(self, rt, ns, name, fn, subresource=None, dry_run=False):
         """Read-modify-write under the lock (patches, controller updates)."""
         with self.lock:
             old = self.objects.get((rt.key, ns, name))
@@ -202,9 +202,9 @@ class Store:
             want = (new.get("metadata") or {}).get("resourceVersion")
             if want and want != old["metadata"]["resourceVersion"]:
                 raise errors.conflict(rt, name)
-            return self._replace(rt, ns, name, old, new, subresource)
+            return self._replace(rt, ns, name, old, new, subresource, dry_run)
 
-    def _replace(self, rt, ns, name, old, new, subresource):
+    def _replace(self, rt, ns, name, old, new, subresource, dry_run=False):
         omd = old["metadata"]
         if subresource == "status":
             # Status writes change only .status.
@@ -243,6 +243,9 @@ class Store:
                 md.pop("finalizers")
         if _strip_rv(new) == _strip_rv(old):
             return copy.deepcopy(old)        # no-op writes keep the resourceVersion
+        if dry_run:
+            md["resourceVersion"] = omd["resourceVersion"]
+            return copy.deepcopy(new)        # validated and defaulted, never stored
         md["resourceVersion"] = self._next_rv()
         if self._should_remove(rt, new):
             del self.objects[(rt.key, ns, name)]

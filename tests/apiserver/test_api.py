@@ -1,4 +1,5 @@
 """CRDs, custom resources and core API semantics, driven with real kubectl."""
+import http.client
 import json
 import os
 import time
@@ -117,6 +118,122 @@ class CustomResourceTest(StandInCase):
         self.kubectl("patch", "wg", "jp", "--type=json", "-p",
                      '[{"op":"replace","path":"/spec/replicas","value":5}]')
         self.assertIn(" 5 ", self.kubectl("get", "wg", "jp").stdout)
+
+
+EDITJOB_CRD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "crds", "editjob.yaml")
+EJ = "/apis/edit.io/v1alpha1/namespaces/default/editjobs/"
+
+
+def editjob(name, replicas=2, **spec):
+    return json.dumps({"apiVersion": "edit.io/v1alpha1", "kind": "EDiTJob", "metadata": {"name": name},
+                       "spec": dict(spec, replicas=replicas, image="unused.local/edit-runtime:test")})
+
+
+class ScaleSubresourceTest(StandInCase):
+    """The scale subresource with the project's CRD (crds/editjob.yaml) and real kubectl:
+    kubectl scale PATCHes /scale (merge patch), or with --current-replicas GETs it and PUTs
+    it back; either is an update of spec.replicas with the CRD's schema and rules."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        for crd, name in ((EDITJOB_CRD, "editjobs.edit.io"),
+                          (os.path.join(FIXTURES, "widget-crd.yaml"), "widgets.test.edit.io")):
+            cls.s.kubectl("apply", "-f", crd)
+            cls.s.kubectl("wait", "--for=condition=Established", "--timeout=10s", "crd/" + name)
+
+    def job(self, name):
+        return json.loads(self.kubectl("get", "editjob", name, "-o", "json").stdout)
+
+    def test_kubectl_scale_updates_spec_replicas(self):
+        self.kubectl("apply", "-f", "-", input=editjob("sc", 2, shardsPerReplica=2))
+        before = self.job("sc")
+        rv = before["metadata"]["resourceVersion"]
+        events = http.client.HTTPConnection(self.s.host, self.s.port, timeout=10)
+        events.request("GET", "/apis/edit.io/v1alpha1/namespaces/default/editjobs"
+                       "?watch=true&fieldSelector=metadata.name%3Dsc&resourceVersion=" + rv)
+        watch = events.getresponse()
+
+        self.assertIn("editjob.edit.io/sc scaled", self.kubectl("scale", "editjob/sc", "--replicas=3").stdout)
+        self.assertEqual(self.kubectl("get", "editjob", "sc", "-o", "jsonpath={.spec.replicas}").stdout, "3")
+        after = self.job("sc")
+        self.assertEqual(after["metadata"]["generation"], before["metadata"]["generation"] + 1)
+        ev = json.loads(watch.readline())
+        events.close()
+        self.assertEqual((ev["type"], ev["object"]["spec"]["replicas"]), ("MODIFIED", 3))
+
+        # The Scale mirrors the object; status.replicas is 0 and the selector absent until set.
+        sc = json.loads(self.kubectl("get", "--raw", EJ + "sc/scale").stdout)
+        self.assertEqual((sc["apiVersion"], sc["kind"]), ("autoscaling/v1", "Scale"))
+        for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp"):
+            self.assertEqual(sc["metadata"][k], after["metadata"][k], k)
+        self.assertEqual((sc["spec"], sc["status"]), ({"replicas": 3}, {"replicas": 0}))
+        self.kubectl("patch", "editjob", "sc", "--subresource=status", "--type=merge", "-p",
+                     '{"status":{"replicas":2,"selector":"edit.io/job-name=sc"}}')
+        sc = json.loads(self.kubectl("get", "--raw", EJ + "sc/scale").stdout)
+        self.assertEqual(sc["status"], {"replicas": 2, "selector": "edit.io/job-name=sc"})
+        self.assertEqual(self.job("sc")["metadata"]["generation"], after["metadata"]["generation"])
+        # -o wide: REPLICAS is status.replicas (training now), SHARDS the spec.
+        wide = self.kubectl("get", "editjob", "sc", "-o", "wide").stdout.splitlines()
+        head = wide[0].split()
+        row = wide[1][wide[0].index("REPLICAS"):].split()
+        self.assertEqual(row[:2], ["2", "2"], wide)
+        self.assertEqual(head[head.index("REPLICAS") + 1], "SHARDS")
+
+        # With --current-replicas kubectl GETs the Scale, checks it and PUTs it back.
+        self.kubectl("scale", "editjob/sc", "--current-replicas=3", "--replicas=1")
+        self.assertEqual(self.job("sc")["spec"]["replicas"], 1)
+        # Server-side dry run: validated, not stored.
+        out = self.kubectl("scale", "editjob/sc", "--replicas=4", "--dry-run=server").stdout
+        self.assertIn("scaled (server dry run)", out)
+        self.assertEqual(self.job("sc")["spec"]["replicas"], 1)
+
+    def test_refusals_name_the_field(self):
+        self.kubectl("apply", "-f", "-", input=editjob(
+            "rf", 3, shardsPerReplica=2, debug={"corruptReplica": {"replica": 2}}))
+        res = self.kubectl("scale", "editjob/rf", "--replicas=0", check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn('The EDiTJob "rf" is invalid', res.stderr)
+        self.assertIn("spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1",
+                      res.stderr)
+        # kubectl refuses a negative count itself; the server names the field too.
+        code, body = self.s.api("PATCH", EJ + "rf/scale", {"spec": {"replicas": -1}},
+                                "application/merge-patch+json")
+        self.assertEqual((code, body["details"]["causes"][0]["field"]), (422, "spec.replicas"))
+        # The spec's CEL rules see the new count.
+        res = self.kubectl("scale", "editjob/rf", "--replicas=2", check=False)
+        self.assertIn("debug.corruptReplica.replica must be below replicas", res.stderr)
+        res = self.kubectl("scale", "editjob/rf", "--replicas=3000", check=False)
+        self.assertIn("the world size) must be at most 4096", res.stderr)
+        # kubectl checks --current-replicas against the Scale before it writes.
+        res = self.kubectl("scale", "editjob/rf", "--current-replicas=5", "--replicas=4", check=False)
+        self.assertNotEqual(res.returncode, 0)
+        self.assertIn("Expected replicas to be 5, was 3", res.stderr)
+        # A stale resourceVersion in a Scale PUT is a conflict.
+        _, sc = self.s.api("GET", EJ + "rf/scale")
+        self.kubectl("scale", "editjob/rf", "--replicas=4")
+        sc["spec"]["replicas"] = 5
+        code, body = self.s.api("PUT", EJ + "rf/scale", sc)
+        self.assertEqual((code, body["reason"]), (409, "Conflict"))
+        # Every other field of the spec stays immutable.
+        res = self.kubectl("patch", "editjob", "rf", "--type=merge", "-p", '{"spec":{"shardsPerReplica":4}}',
+                           check=False)
+        self.assertIn("spec.shardsPerReplica: Forbidden: spec.shardsPerReplica cannot change once the job exists",
+                      res.stderr)
+        job = self.job("rf")
+        self.assertEqual((job["spec"]["replicas"], job["spec"]["shardsPerReplica"]), (4, 2))
+
+    def test_no_scale_without_the_subresource(self):
+        found = json.loads(self.kubectl("get", "--raw", "/apis/test.edit.io/v1alpha1").stdout)
+        self.assertEqual([r["name"] for r in found["resources"]], ["widgets", "widgets/status"])
+        found = json.loads(self.kubectl("get", "--raw", "/apis/edit.io/v1alpha1").stdout)
+        sub = next(r for r in found["resources"] if r["name"] == "editjobs/scale")
+        self.assertEqual((sub["group"], sub["version"], sub["kind"], sub["verbs"]),
+                         ("autoscaling", "v1", "Scale", ["get", "patch", "update"]))
+        self.kubectl("apply", "-f", "-", input=widget("noscale", 1))
+        code, _ = self.s.api("GET", "/apis/test.edit.io/v1alpha1/namespaces/default/widgets/noscale/scale")
+        self.assertEqual(code, 404)
+        self.assertNotEqual(self.kubectl("scale", "widget/noscale", "--replicas=2", check=False).returncode, 0)
 
 
 class CoreApiTest(StandInCase):

@@ -1,9 +1,11 @@
 """In-process checks of the pure parts: CEL, schema validation, patches,
-selectors and printer-column JSONPath."""
+selectors, printer-column JSONPath and the Scale of a custom resource."""
 import unittest
 
 import cel
+import errors
 import patch
+import scale
 import schema
 import tables
 from selection import match_labels, parse_label_selector
@@ -96,6 +98,35 @@ class PatchAndSelectorTest(unittest.TestCase):
         self.assertEqual(tables.jsonpath(obj, '.status.conditions[?(@.type=="Ready")].status'),
                          "True")
         self.assertIsNone(tables.jsonpath(obj, ".status.phase"))
+
+
+class ScaleTest(unittest.TestCase):
+    """scale.py without a server: the Scale of an object and a Scale written back."""
+    RT = type("RT", (), {"scale": {"specReplicasPath": ".spec.size.replicas",
+                                   "statusReplicasPath": ".status.replicas"}})()
+
+    def test_of_and_apply(self):
+        obj = {"metadata": {"name": "a", "namespace": "n", "uid": "u", "resourceVersion": "7",
+                            "generation": 3, "labels": {"x": "y"}}, "spec": {"size": {"replicas": 2}}}
+        sc = scale.of(self.RT, obj)
+        self.assertEqual(sc["metadata"], {"name": "a", "namespace": "n", "uid": "u", "resourceVersion": "7"})
+        self.assertEqual((sc["spec"], sc["status"]), ({"replicas": 2}, {"replicas": 0}))   # no selector path
+        out = scale.apply(self.RT, obj, {"spec": {"replicas": 5}, "metadata": {"resourceVersion": "6"}}, "a")
+        self.assertEqual((out["spec"]["size"]["replicas"], out["metadata"]["resourceVersion"]), (5, "6"))
+        self.assertEqual(scale.apply(self.RT, {"metadata": {}, "spec": {"size": {"replicas": 2}}}, {"spec": {}},
+                                     "a")["spec"]["size"]["replicas"], 0)   # omitempty: absent is 0
+
+    def test_refusals(self):
+        for obj, sc, text in (({"metadata": {}}, {"spec": {}}, 'field ".spec.size.replicas" cannot be empty'),
+                              ({"metadata": {}}, {"spec": {"replicas": "3"}}, "cannot unmarshal string"),
+                              ({"metadata": {}}, {"spec": {"replicas": 2**31}}, "cannot unmarshal number"),
+                              ({"metadata": {}}, {"metadata": {"name": "b"}, "spec": {"replicas": 1}},
+                               "does not match the name on the URL (a)"),
+                              ({"metadata": {}}, {"kind": "Pod"}, "wrong object passed to Scale update")):
+            with self.assertRaises(errors.ApiError) as e:
+                scale.apply(self.RT, obj, sc, "a")
+            self.assertEqual(e.exception.code, 400)
+            self.assertIn(text, e.exception.message)
 
 
 if __name__ == "__main__":

@@ -222,7 +222,7 @@ TEST(Desired, RecoveryModeFollowsReplicaRecoveryAndMode) {
 TEST(Desired, OnlyReplacementPodsJoinTheRunningJob) {
   auto job = makeJob();
   EXPECT_FALSE(envOf(controller::desiredPod(job, 1, 0, {})).count("EDIT_JOIN"));
-  auto env = envOf(controller::desiredPod(job, 1, 0, {}, {}, true));
+  auto env = envOf(controller::desiredPod(job, 1, 0, {}, {}, controller::PodJoin::Replace));
   ASSERT_TRUE(env.count("EDIT_JOIN"));
   EXPECT_EQ(env["EDIT_JOIN"]["value"], "1");
 }

@@ -75,6 +75,7 @@ long heartbeatSeconds(const api::EDiTJobSpec& s) {
 }
 std::string serviceName(const std::string& job) { return job; }
 std::string podName(const std::string& job, int rank) { return job + "-worker-" + std::to_string(rank); }
+std::string podSelector(const std::string& job) { return std::string(kLabelJob) + "=" + job; }
 std::string masterAddr(const std::string& job, const std::string& ns) {
   return podName(job, 0) + "." + serviceName(job) + "." + ns + ".svc";
 }
@@ -205,7 +206,7 @@ json desiredPodGroup(const JobRef& job) {
 }
 
 json desiredPod(const JobRef& job, int rank, int restartGeneration, const OperatorSettings& settings,
-                const std::set<std::string>& avoidNodes, bool joinRunningJob) {
+                const std::set<std::string>& avoidNodes, PodJoin join) {
   const auto& s = job.spec;
   const std::string& name = job.meta.name;
   const std::string& ns = job.meta.ns;
@@ -249,7 +250,7 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
     if (!settings.telemetryServerName.empty())
       env.push_back(envVar("EDIT_TELEMETRY_SERVER_NAME", settings.telemetryServerName));
   }
-  if (joinRunningJob) env.push_back(envVar("EDIT_JOIN", "1"));
+  if (join != PodJoin::Start) env.push_back(envVar("EDIT_JOIN", join == PodJoin::Scale ? "scale" : "1"));
   for (const auto& e : s.env) env.push_back(e);  // after ours: the job's own values win
 
   json resources = s.resources;

@@ -71,11 +71,20 @@ json desiredPodGroup(const JobRef& job);
 // the others (controller/recovery.cpp tells them apart at half the hang timeout).
 long heartbeatSeconds(const api::EDiTJobSpec& s);
 
-// avoidNodes: nodes this rank must not land on (straggler replacement). joinRunningJob:
-// the pod replaces a failed rank of a running gang (env EDIT_JOIN=1: it takes the state
-// from its peers instead of starting a new rendezvous).
+// How a worker pod enters the job: with the gang (a new rendezvous), as the replacement of
+// a failed rank of a running gang (EDIT_JOIN=1: it takes the state from its peers), or as
+// a rank of a new replica at an in-place scale-up (EDIT_JOIN=scale).
+enum class PodJoin { Start, Replace, Scale };
+
+// The pod of one rank. job.spec.replicas is the number of replicas of the world the pod
+// enters (WORLD_SIZE, EDIT_REPLICAS): status.replicas, or the target of a scale-up for its
+// new pods. avoidNodes: nodes this rank must not land on (straggler replacement).
 json desiredPod(const JobRef& job, int rank, int restartGeneration, const OperatorSettings& settings,
-                const std::set<std::string>& avoidNodes = {}, bool joinRunningJob = false);
+                const std::set<std::string>& avoidNodes = {}, PodJoin join = PodJoin::Start);
+
+// The label selector of a job's worker pods, in label-selector text (status.selector, read
+// by the scale subresource).
+std::string podSelector(const std::string& job);
 
 // 32 random bytes as 64 hex characters (from the OS CSPRNG).
 std::string randomToken();

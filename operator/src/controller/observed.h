@@ -41,6 +41,7 @@ struct TelemetryView {
   json stragglers = json::array();         // status.stragglers
   std::string lastReportTime;              // RFC 3339
   bool hung = false;
+  int replicas = 0;  // replicas rank 0's world has, by its newest report (0: unknown)
   struct RankReport {
     std::string podUid;  // pod that sent the rank's newest report ("" if the worker does not say)
     long step = 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "controller/desired.h"
 #include "controller/planner.h"
 #include "util/log.h"
 
@@ -64,7 +65,16 @@ Plan Planner::run() {
   st_["observedGeneration"] = gen_;
   st_["restarts"] = budget_.gangRestarts;  // 0 shows in kubectl get ej -o wide (RESTARTS), not blank
   if (!in_.spec) return invalid();
-  spec_ = &*in_.spec;
+  // The world the workers run: status.replicas once a gang started (a change of
+  // spec.replicas is a scale, plan_scaling.cpp), else spec.replicas.
+  running_ = *in_.spec;
+  const json* trained = st_.contains("replicas") ? &st_["replicas"] : nullptr;
+  if (trained && trained->is_number_integer() && trained->get<int>() >= 1 &&
+      trained->get<int>() * running_.shardsPerReplica <= 4096)
+    running_.replicas = trained->get<int>();
+  spec_ = &running_;
+  adoptReplicas(running_.replicas);
+  st_["selector"] = podSelector(in_.meta.name);
   budget_.limit = spec_->runPolicy.backoffLimit;
   countWorkers();
   if (phase_ == "Succeeded" || phase_ == "Failed") return finished();
@@ -91,6 +101,7 @@ Plan Planner::run() {
   if (deadlineExceeded()) return done();
   noteDisruptions();
   if (handleFailures()) return done();
+  planScaling();
   if (succeeded()) return done();
   createMissing();
   updateRunning();
@@ -100,19 +111,21 @@ Plan Planner::run() {
 
 Plan Planner::done() {
   countWorkers();
+  if (spec_) plan_.replicas = running_.replicas;
   plan_.status = st_;
   return plan_;
 }
 
 std::vector<const ObservedPod*> Planner::current() const {
   std::vector<const ObservedPod*> out;
+  // Ranks beyond the world are a scale's new or leaving pods (plan_scaling.cpp).
   for (const auto& p : in_.pods)
-    if (p.generation == restartGen_) out.push_back(&p);
+    if (p.generation == restartGen_ && (!spec_ || p.rank < spec_->worldSize())) out.push_back(&p);
   return out;
 }
 
 void Planner::countWorkers() {
-  int total = in_.spec ? in_.spec->worldSize() : 0;
+  int total = spec_ ? spec_->worldSize() : 0;
   int pending = 0, running = 0, succeeded = 0, failed = 0;
   for (const auto* p : current()) {
     if (p->phase == "Running") running++;
@@ -174,6 +187,7 @@ Plan Planner::suspended() {
     st_.erase("startTime");  // the deadline counts from the next start
   }
   clearRecovery("Suspended", "job suspended");  // resuming creates a whole new gang
+  clearScaling("Suspended", "job suspended; spec.replicas applies on resume");
   clearDisruption("Suspended", "job suspended");
   return done();
 }
@@ -187,6 +201,7 @@ void Planner::fail(const std::string& reason, const std::string& msg, bool stopR
   if (findCondition(st_, "Restarting")) cond("Restarting", "False", reason, msg);
   clearRecovery(reason, msg);
   clearDisruption(reason, msg);
+  clearScaling(reason, msg);
   event("Warning", reason, msg);
   cleanup(stopRunning);
   scheduleTtl();
@@ -242,6 +257,7 @@ bool Planner::succeeded() {
   if (findCondition(st_, "Restarting")) cond("Restarting", "False", "Completed", "job finished");
   clearRecovery("Completed", "job finished");
   clearDisruption("Completed", "job finished");
+  clearScaling("Completed", "job finished");
   if (conditionTrue(st_, "Hung")) cond("Hung", "False", "Completed", "job finished");
   event("Normal", "Succeeded", st_["message"]);
   mergeTelemetry();
@@ -263,6 +279,14 @@ bool Planner::succeeded() {
 }
 
 void Planner::createMissing() {
+  // A whole new gang (first start, resume, restart) trains with spec.replicas; it resumes
+  // a checkpoint written with another number of replicas.
+  const bool noPods = std::none_of(in_.pods.begin(), in_.pods.end(),
+                                   [&](const ObservedPod& p) { return p.generation == restartGen_; });
+  if (noPods && running_.replicas != in_.spec->replicas) {
+    adoptReplicas(in_.spec->replicas);
+    clearScaling("GangCreated", "a new gang starts with spec.replicas");
+  }
   std::set<int> present;
   for (const auto* p : current()) present.insert(p->rank);
   for (int r = 0; r < spec_->worldSize(); ++r)

@@ -45,6 +45,17 @@ struct Plan {
   std::optional<long> recoverySeconds;  // a recovery ended in this plan: failure to rejoin, seconds
   std::optional<long> requeueAfterSeconds;
   std::vector<PlannedEvent> events;
+  // In-place scaling (controller/plan_scaling.cpp).
+  int replicas = 0;                 // replicas the workers train with (status.replicas): the pods' world
+  std::vector<int> scaleJoinRanks;  // pods of a scale-up's new replicas to create (EDIT_JOIN=scale)
+  int scaleTo = 0;                  // the replicas of the world those pods enter
+  std::optional<int> scaleRequest;  // ask the workers (rank 0, over telemetry) to scale to this many replicas
+  std::vector<int> leftRanks;       // ranks that left the job at a scale-down that finished in this plan
+  struct ScaleEnd {
+    std::string result;  // Succeeded | Abandoned
+    double seconds = 0;
+  };
+  std::optional<ScaleEnd> scaleEnded;
 };
 
 struct PlanInput {

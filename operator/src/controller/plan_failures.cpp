@@ -29,6 +29,7 @@ void Planner::restart(const std::string& reason, const std::string& msg) {
   cond("Restarting", "True", reason, msg);
   if (findCondition(st_, "Running")) cond("Running", "False", reason, msg);
   clearRecovery("GangRestarted", msg);
+  clearScaling("GangRestarted", msg);
   event("Warning", "Restarting",
         msg + "; restarting the gang (restart " + std::to_string(budget_.gangRestarts) + "; " + budget_.usage() + ")");
   for (const auto& p : in_.pods)

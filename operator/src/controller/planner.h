@@ -4,6 +4,7 @@
 //   plan.cpp            the lifecycle: phases, suspend, deadline, success, TTL, creating pods
 //   plan_failures.cpp   failed, deleted and hung workers: gang restart or in-place recovery
 //   plan_stragglers.cpp telemetry in the status, the StragglerDetected condition, Replace
+//   plan_scaling.cpp    a change of spec.replicas: in-place scale up or down, the Scaling condition
 // Internal to the controller; nothing outside plan*.cpp includes it.
 #pragma once
 
@@ -71,6 +72,19 @@ class Planner {
   void clearRecovery(const std::string& reason, const std::string& msg);
   void endRecoveryIfRejoined(bool allWorkersUp);
 
+  // plan_scaling.cpp: changes of spec.replicas
+  void adoptReplicas(int replicas);
+  void planScaling();
+  const char* whyNotInPlace() const;
+  void startScale(int to);
+  void scaleUp(int from, int to);
+  void scaleDown(int from, int to);
+  void requestScale(int to);
+  void finishScale(int from, int to, const std::vector<int>& leftRanks);
+  void abandonScale(int from, int to, const std::string& why);
+  void clearScaling(const std::string& reason, const std::string& msg);
+  void deleteStrays(int joinersUpTo);
+
   // plan_stragglers.cpp: telemetry and stragglers
   void mergeTelemetry();
   void replaceStraggler(const ObservedPod& p, const std::string& reportedNode);
@@ -79,6 +93,9 @@ class Planner {
   const PlanInput& in_;
   json st_;
   Plan plan_;
+  // The spec as the workers run it: spec.replicas replaced by the replicas training now
+  // (status.replicas), which differ while a scale is pending or in progress.
+  api::EDiTJobSpec running_;
   const api::EDiTJobSpec* spec_ = nullptr;
   std::string now_;
   long gen_ = 0;

@@ -127,13 +127,18 @@ void Reconciler::ensureChildren(const JobRef& job, const json& jobObj) {
 }
 
 void Reconciler::createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
-                            const std::vector<int>& joiningRanks, const json& status, const json& jobObj) {
+                            const std::vector<int>& joiningRanks, const json& status, const json& jobObj,
+                            bool scaleJoin) {
   auto avoid = avoidNodesFromStatus(status);
   for (int rank : ranks) {
     const bool join = std::find(joiningRanks.begin(), joiningRanks.end(), rank) != joiningRanks.end();
-    json pod = desiredPod(job, rank, restartGeneration, settings_, avoid[rank], join);
+    const PodJoin how = scaleJoin ? PodJoin::Scale : join ? PodJoin::Replace : PodJoin::Start;
+    json pod = desiredPod(job, rank, restartGeneration, settings_, avoid[rank], how);
     if (createChild(res::Pods, pod, jobObj)) {
-      if (join)
+      if (scaleJoin)
+        log::info("created pod of a new replica (joins at the next sync round)",
+                  {{"namespace", job.meta.ns}, {"job", job.meta.name}, {"rank", rank}});
+      else if (join)
         log::info("created replacement pod (joins the running job)",
                   {{"namespace", job.meta.ns}, {"job", job.meta.name}, {"rank", rank}});
       else
@@ -160,6 +165,7 @@ TelemetryView Reconciler::telemetryView(const JobRef& job, const std::string& ph
   const double now = telemetry::unixNow();
   for (const auto& [rank, r] : snap->ranks)
     v.ranks[rank] = {r.podUid, static_cast<long>(r.step), std::max(0.0, now - r.lastSeenUnix)};
+  if (auto r0 = snap->ranks.find(0); r0 != snap->ranks.end()) v.replicas = r0->second.replicas;
   v.hung = phase == "Running" && hub_.hung(job.meta.ns, job.meta.name, static_cast<double>(job.spec.hangTimeoutSeconds));
   return v;
 }
@@ -237,21 +243,34 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
   metrics_.setJobPhase(ns, name, newPhase);
   metrics_.setJobRestarts(ns, name, st.value("restarts", 0));
   metrics_.setJobReplicaRecoveries(ns, name, st.value("replicaRecoveries", 0));
+  if (job) metrics_.setJobReplicas(ns, name, plan.replicas);
   for (const auto& ev : plan.events) events_.record(*jobObj, ev.type, ev.reason, ev.message);
 
   for (const auto& [rank, node] : plan.replacedRanks) hub_.resetRank(ns, name, rank);
   if (plan.recoverySeconds) metrics_.replicaRecovered(static_cast<double>(*plan.recoverySeconds));
   for (int rank : plan.recoveredRanks) hub_.resetRank(ns, name, rank);  // its replacement starts a new window
+  for (int rank : plan.leftRanks) hub_.removeRank(ns, name, rank);
+  if (plan.scaleEnded) metrics_.jobScaled(plan.scaleEnded->result, plan.scaleEnded->seconds);
+  if (plan.scaleRequest)
+    hub_.sendScale(ns, name, 0, *plan.scaleRequest, "spec.replicas is " + std::to_string(*plan.scaleRequest));
   for (const auto& pod : plan.podsToDelete)
     client_.remove(res::Pods, ns, pod, "Background", plan.deleteImmediately ? 0 : -1);
 
-  if (job && plan.ensureChildren) {
-    ensureToken(*job, true, *jobObj);
-    ensureChildren(*job, *jobObj);
+  // The pods enter the world the workers run (status.replicas), not spec.replicas.
+  std::optional<JobRef> running = job;
+  if (running) running->spec.replicas = plan.replicas;
+  if (running && plan.ensureChildren) {
+    ensureToken(*running, true, *jobObj);
+    ensureChildren(*running, *jobObj);
   }
-  if (job && !plan.ranksToCreate.empty()) {
-    createPods(*job, plan.ranksToCreate, restartGen, plan.joiningRanks, st, *jobObj);
+  if (running && !plan.ranksToCreate.empty()) {
+    createPods(*running, plan.ranksToCreate, restartGen, plan.joiningRanks, st, *jobObj);
     if (plan.gangCreated) metrics_.jobCreated();
+  }
+  if (job && !plan.scaleJoinRanks.empty()) {
+    JobRef larger = *job;
+    larger.spec.replicas = plan.scaleTo;
+    createPods(larger, plan.scaleJoinRanks, restartGen, {}, st, *jobObj, true);
   }
   if (job && exportAttempt && createChild(res::Pods, desiredExportPod(*job, *exportAttempt), *jobObj))
     log::info("created export pod", {{"namespace", ns}, {"job", name}, {"pod", exportPodName(name, *exportAttempt)}});

@@ -21,10 +21,13 @@ Metrics::Metrics()
       jobPhase_(BuildGauge().Name("edit_job_phase").Help("1 for the job's current phase, 0 for the others.").Register(*registry_)),
       jobRestarts_(BuildCounter().Name("edit_job_restarts_total").Help("Gang restarts of the job.").Register(*registry_)),
       jobRecoveries_(BuildCounter().Name("edit_job_replica_recoveries_total").Help("In-place recoveries of the job: failed workers replaced without a gang restart.").Register(*registry_)),
+      jobReplicas_(BuildGauge().Name("edit_job_replicas").Help("Model replicas the job trains with now (status.replicas); changes when it scales in place.").Register(*registry_)),
       reconcileTotal_(BuildCounter().Name("edit_operator_reconcile_total").Help("Reconciliations by result.").Register(*registry_)),
       reconcileSeconds_(BuildHistogram().Name("edit_operator_reconcile_seconds").Help("Duration of reconciliations in seconds.").Register(*registry_)),
       reconcileHist_(&reconcileSeconds_.Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
       recoveryHist_(&BuildHistogram().Name("edit_operator_replica_recovery_seconds").Help("In-place recoveries: seconds from a worker's failure to its replacement's first training step.").Register(*registry_).Add({}, prometheus::Histogram::BucketBoundaries{2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600})),
+      scalesTotal_(BuildCounter().Name("edit_operator_scales_total").Help("In-place scales of jobs' replicas that ended, by result (Succeeded, Abandoned).").Register(*registry_)),
+      scaleHist_(&BuildHistogram().Name("edit_operator_scale_seconds").Help("In-place scales that succeeded: seconds from the change of spec.replicas to the resized world's first report.").Register(*registry_).Add({}, prometheus::Histogram::BucketBoundaries{2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600})),
       jobsCreated_(&BuildCounter().Name("edit_operator_jobs_created_total").Help("Worker gangs created (first start and restarts).").Register(*registry_).Add({})),
       jobsSucceeded_(&BuildCounter().Name("edit_operator_jobs_succeeded_total").Help("Jobs that reached Succeeded.").Register(*registry_).Add({})),
       jobsFailed_(&BuildCounter().Name("edit_operator_jobs_failed_total").Help("Jobs that reached Failed.").Register(*registry_).Add({})),
@@ -110,6 +113,7 @@ Metrics::JobSeries& Metrics::jobLocked(const std::string& ns, const std::string&
   s.sync = &jobSync_.Add(labels);
   s.restarts = &jobRestarts_.Add(labels);
   s.recoveries = &jobRecoveries_.Add(labels);
+  s.replicas = &jobReplicas_.Add(labels);
   for (const char* p : kPhases) {
     auto l = labels;
     l["phase"] = p;
@@ -148,6 +152,24 @@ void Metrics::setJobReplicaRecoveries(const std::string& ns, const std::string& 
   s.recoveriesSeen = std::max(s.recoveriesSeen, total);
 }
 
+void Metrics::setJobReplicas(const std::string& ns, const std::string& job, double replicas) {
+  std::lock_guard<std::mutex> lock(mu_);
+  jobLocked(ns, job).replicas->Set(replicas);
+}
+
+void Metrics::removeWorker(const std::string& ns, const std::string& job, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(RankKey{ns, job, rank});
+  if (it == workers_.end()) return;
+  removeWorkerLocked(it->second);
+  workers_.erase(it);
+}
+
+void Metrics::jobScaled(const std::string& result, double seconds) {
+  scalesTotal_.Add({{"result", result}}).Increment();
+  if (result == "Succeeded") scaleHist_->Observe(seconds);
+}
+
 void Metrics::removeJob(const std::string& ns, const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = workers_.begin(); it != workers_.end();) {
@@ -168,6 +190,7 @@ void Metrics::removeJob(const std::string& ns, const std::string& job) {
   jobSync_.Remove(s.sync);
   jobRestarts_.Remove(s.restarts);
   jobRecoveries_.Remove(s.recoveries);
+  jobReplicas_.Remove(s.replicas);
   for (auto& [p, g] : s.phases) jobPhase_.Remove(g);
   jobs_.erase(it);
 }

@@ -49,6 +49,10 @@ class Metrics {
   void setJobRestarts(const std::string& ns, const std::string& job, double total);
   // status.replicaRecoveries: failed ranks replaced in place, without a gang restart.
   void setJobReplicaRecoveries(const std::string& ns, const std::string& job, double total);
+  // Replicas training now (status.replicas): changes when the job scales in place.
+  void setJobReplicas(const std::string& ns, const std::string& job, double replicas);
+  // A worker that left the job (a scale-down): its series go.
+  void removeWorker(const std::string& ns, const std::string& job, int rank);
   void removeJob(const std::string& ns, const std::string& job);
   // Recomputes edit_worker_last_report_age_seconds for every worker.
   void refreshAges(double nowUnix);
@@ -61,6 +65,9 @@ class Metrics {
   // An in-place recovery ended: seconds from the failure to the replacements' first step.
   void replicaRecovered(double seconds) { recoveryHist_->Observe(seconds); }
   void setLeader(bool leader) { leader_->Set(leader ? 1 : 0); }
+  // An in-place scale ended: result Succeeded or Abandoned, seconds from the change of
+  // spec.replicas to the new world's first report.
+  void jobScaled(const std::string& result, double seconds);
 
  private:
   using JobKey = std::pair<std::string, std::string>;
@@ -82,6 +89,7 @@ class Metrics {
     double restartsSeen = 0;
     prometheus::Counter* recoveries;
     double recoveriesSeen = 0;
+    prometheus::Gauge* replicas;
   };
   void removeWorkerLocked(WorkerSeries& s);
   JobSeries& jobLocked(const std::string& ns, const std::string& job);
@@ -104,10 +112,13 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& jobPhase_;
   prometheus::Family<prometheus::Counter>& jobRestarts_;
   prometheus::Family<prometheus::Counter>& jobRecoveries_;
+  prometheus::Family<prometheus::Gauge>& jobReplicas_;
   prometheus::Family<prometheus::Counter>& reconcileTotal_;
   prometheus::Family<prometheus::Histogram>& reconcileSeconds_;
   prometheus::Histogram* reconcileHist_;
   prometheus::Histogram* recoveryHist_;
+  prometheus::Family<prometheus::Counter>& scalesTotal_;
+  prometheus::Histogram* scaleHist_;
   prometheus::Counter *jobsCreated_, *jobsSucceeded_, *jobsFailed_, *jobsRestarted_;
   prometheus::Gauge* leader_;
 };

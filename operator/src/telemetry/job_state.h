@@ -37,6 +37,7 @@ struct Report {
   double lastSyncDurationSeconds = 0;  // the last sync round's wall time (sync_seconds on the wire)
   std::vector<CommSample> comm;
   int restartGeneration = 0;
+  int replicas = 0;        // replicas the worker's world has (0: a worker that does not say)
   bool heartbeat = false;  // a resend: the worker is alive, no new step
 };
 
@@ -79,6 +80,8 @@ class JobTelemetry {
   void add(const Report& r, double now);
   // Forget one rank's step-time window (after it was replaced) or everything (restart).
   void resetRank(int rank);
+  // Forget a rank that left the job (a scale-down): its last report no longer counts.
+  void removeRank(int rank) { ranks_.erase(rank); }
   void reset();
 
   Progress progress() const;

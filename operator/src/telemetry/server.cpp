@@ -1,5 +1,6 @@
 #include "telemetry/server.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <grpcpp/grpcpp.h>
@@ -54,12 +55,28 @@ void TelemetryHub::resetJob(const std::string& ns, const std::string& job, int r
   it->second.pending.clear();
   it->second.pendingAll.clear();
   it->second.allDelivered.clear();
+  it->second.leftPods.clear();
 }
 
 void TelemetryHub::resetRank(const std::string& ns, const std::string& job, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find({ns, job});
   if (it != jobs_.end()) it->second.state.resetRank(rank);
+}
+
+void TelemetryHub::removeRank(const std::string& ns, const std::string& job, int rank) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find({ns, job});
+    if (it == jobs_.end()) return;
+    auto& state = it->second.state;
+    // A report the leaver sent on its way out must not bring it back.
+    if (auto r = state.ranks().find(rank); r != state.ranks().end() && !r->second.last.podUid.empty())
+      it->second.leftPods.insert(r->second.last.podUid);
+    state.removeRank(rank);
+    it->second.pending.erase(rank);
+  }
+  if (metrics_) metrics_->removeWorker(ns, job, rank);
 }
 
 std::optional<TelemetryHub::Snapshot> TelemetryHub::snapshot(const std::string& ns, const std::string& job) const {
@@ -73,7 +90,7 @@ std::optional<TelemetryHub::Snapshot> TelemetryHub::snapshot(const std::string& 
   s.stragglers = st.stragglers();
   s.lastReportUnix = st.lastReportTime();
   s.hasReports = st.hasReports();
-  for (const auto& [rank, rs] : st.ranks()) s.ranks[rank] = {rs.last.podUid, rs.last.step, rs.lastSeen};
+  for (const auto& [rank, rs] : st.ranks()) s.ranks[rank] = {rs.last.podUid, rs.last.step, rs.lastSeen, rs.last.replicas};
   return s;
 }
 
@@ -96,11 +113,25 @@ void TelemetryHub::sendCommand(const std::string& ns, const std::string& job, in
     j.pending[rank].push_back(c);
 }
 
+void TelemetryHub::sendScale(const std::string& ns, const std::string& job, int rank, int replicas,
+                             const std::string& reason) {
+  pb::Command c;
+  c.set_kind(pb::Command::SCALE);
+  c.set_replicas(replicas);
+  c.set_reason(reason);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& queue = jobs_[{ns, job}].pending[rank];
+  queue.erase(std::remove_if(queue.begin(), queue.end(), [](const pb::Command& q) { return q.kind() == pb::Command::SCALE; }),
+              queue.end());
+  queue.push_back(c);
+}
+
 // A report that passed the token check still comes from outside: its values become
 // status fields and metric labels, so keep them in sane ranges.
 static std::string invalidReport(const pb::WorkerReport& r) {
   constexpr int64_t kMaxSteps = int64_t{1} << 48;
   if (r.rank() < 0 || r.rank() >= 65536 || r.replica() < 0 || r.shard() < 0) return "rank/replica/shard out of range";
+  if (r.replicas() < 0 || r.replicas() > 4096) return "replicas out of range";
   if (r.step() < 0 || r.step() > kMaxSteps || r.total_steps() < 0 || r.total_steps() > kMaxSteps)
     return "step/total_steps out of range";
   if (r.pod().size() > 253 || r.node().size() > 253 || r.phase().size() > 32 || r.pod_uid().size() > 128)
@@ -131,6 +162,7 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "invalid telemetry token for this job");
     Job& job = it->second;
     if (r.restart_generation() < job.restartGeneration) return grpc::Status::OK;  // a leftover of an old gang
+    if (!r.pod_uid().empty() && job.leftPods.count(r.pod_uid())) return grpc::Status::OK;  // left at a scale-down
     if (std::string why = invalidReport(r); !why.empty())
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed report: " + why);
     rep.rank = r.rank();
@@ -149,6 +181,7 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
     rep.commWaitSeconds = r.comm_wait_seconds();
     rep.lastSyncDurationSeconds = r.sync_seconds();
     rep.restartGeneration = r.restart_generation();
+    rep.replicas = r.replicas();
     rep.heartbeat = r.heartbeat();
     for (const auto& c : r.comm()) rep.comm.push_back({c.op(), c.group(), c.bytes(), c.wait_seconds()});
     job.state.add(rep, now);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,11 +32,14 @@ class TelemetryHub {
   // Called on a gang restart: the old generation's reports no longer count.
   void resetJob(const std::string& ns, const std::string& job, int restartGeneration);
   void resetRank(const std::string& ns, const std::string& job, int rank);
+  // A rank that left at a scale-down: its reports and worker metrics go.
+  void removeRank(const std::string& ns, const std::string& job, int rank);
 
   struct RankReport {
     std::string podUid;  // of the pod that sent the rank's newest report
     int64_t step = 0;
     double lastSeenUnix = 0;  // when it arrived (heartbeats included)
+    int replicas = 0;         // the replicas its world had (0: not said)
   };
   struct Snapshot {
     Progress progress;
@@ -52,6 +56,9 @@ class TelemetryHub {
   // with the answer to its next report.
   void sendCommand(const std::string& ns, const std::string& job, int rank, edit::v1alpha1::Command::Kind kind,
                    const std::string& reason);
+  // Asks a rank to scale the job to `replicas`; replaces a SCALE of that rank not yet
+  // delivered (the target is absolute, so only the newest matters).
+  void sendScale(const std::string& ns, const std::string& job, int rank, int replicas, const std::string& reason);
 
   // Called (outside locks) after each accepted report, e.g. to enqueue the job.
   void setOnReport(std::function<void(const std::string& ns, const std::string& job)> cb) { onReport_ = std::move(cb); }
@@ -76,6 +83,7 @@ class TelemetryHub {
     std::map<int, std::vector<edit::v1alpha1::Command>> pending;  // rank -> commands
     std::vector<edit::v1alpha1::Command> pendingAll;
     std::map<int, size_t> allDelivered;  // rank -> how many of pendingAll it got
+    std::set<std::string> leftPods;      // uids of pods that left at a scale-down
   };
   using Key = std::pair<std::string, std::string>;
 

@@ -75,7 +75,8 @@ long heartbeatSeconds(const api::EDiTJobSpec& s) {
 }
 std::string serviceName(const std::string& job) { return job; }
 std::string podName(const std::string& job, int rank) { return job + "-worker-" + std::to_string(rank); }
-std::string podSelector(const std::string& job) { return std::string(kLabelJob) + "=" + job; }
+// Workers only: the export pod shares the job label but has no rank.
+std::string podSelector(const std::string& job) { return std::string(kLabelJob) + "=" + job + "," + kLabelRank; }
 std::string masterAddr(const std::string& job, const std::string& ns) {
   return podName(job, 0) + "." + serviceName(job) + "." + ns + ".svc";
 }

@@ -8,7 +8,7 @@
 // The scale ends when rank 0 reports the new size (or every pod that had to join or leave
 // did); status.replicas then follows. A new pod that fails, or a scale that does not end
 // within its deadline, leaves the job at its old size (Abandoned): no gang restart.
-// A job that cannot resize in place (ddp, replicaRecovery Restart, overlapSteps, GPUs)
+// A job that cannot resize in place (ddp, replicaRecovery GangRestart, overlapSteps, GPUs)
 // takes the new size when its workers next start: a checkpointed restart, as on resume.
 #include <algorithm>
 
@@ -39,7 +39,7 @@ void Planner::adoptReplicas(int replicas) {
 const char* Planner::whyNotInPlace() const {
   if (!edit::hasLocalPhases(in_.spec->mode())) return "algorithm.mode ddp has no sync rounds to scale at";
   if (in_.spec->runPolicy.replicaRecovery != "InPlace")
-    return "runPolicy.replicaRecovery Restart (a scale re-forms the world like an in-place recovery)";
+    return "runPolicy.replicaRecovery InPlace (a scale re-forms the world like an in-place recovery)";
   const json& overlap = in_.spec->algorithm.value("overlapSteps", json(0));
   if (overlap.is_number() && overlap.get<double>() != 0) return "algorithm.overlapSteps 0";
   if (in_.spec->gpusPerWorker > 0) return "the Gloo backend (GPU workers use NCCL, whose re-formed world has not run)";
@@ -49,7 +49,7 @@ const char* Planner::whyNotInPlace() const {
 void Planner::planScaling() {
   const int want = in_.spec->replicas;
   const int now = running_.replicas;
-  int joinersUpTo = now;  // pods of ranks below joinersUpTo * N are wanted
+  int joinersUpTo = 0;  // a scale-up in progress: its new pods (ranks below joinersUpTo * N) are wanted
   if (st_.contains("scaling") && st_["scaling"].is_object()) {
     const int from = st_["scaling"].value("from", now), to = st_["scaling"].value("to", now);
     if (from != now || to < 1) {

@@ -1,0 +1,269 @@
+// The planner's scaling policy (controller/plan_scaling.cpp): a change of spec.replicas on
+// a running job, step by step as the reconciles see it.
+#include "plan_fixtures.h"
+#include "util/log.h"
+
+namespace edit::op::controller {
+namespace {
+
+using namespace plantest;
+
+// A job running 2 x 1 workers whose spec now asks for `want` replicas.
+PlanInput running(int want, json status = kRunning) {
+  if (!status.contains("replicas")) status["replicas"] = 2;
+  PlanInput in = input({{"replicas", want}}, status);
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  return in;
+}
+
+// Rank `rank`'s newest report came from `uid`, at `step`, in a world of `replicas`.
+void reported(PlanInput& in, int rank, const std::string& uid, long step, int replicas = 0) {
+  in.telemetry.present = true;
+  in.telemetry.ranks[rank] = {uid, step, 0.5};
+  if (rank == 0) in.telemetry.replicas = replicas;
+}
+
+TEST(Scaling, StatusNamesTheReplicasTrainingAndTheSelector) {
+  Plan p = planReconcile(running(2));
+  EXPECT_EQ(p.status["replicas"], 2);
+  EXPECT_EQ(p.status["selector"], "edit.io/job-name=j,edit.io/rank");  // workers, not the export pod
+  EXPECT_EQ(p.replicas, 2);
+  EXPECT_FALSE(p.status.contains("scaling"));
+  EXPECT_EQ(condStatus(p.status, "Scaling"), "");
+}
+
+TEST(Scaling, UpCreatesTheNewReplicasPodsThenAsksOnceTheyRun) {
+  Plan p = planReconcile(running(3));
+  EXPECT_EQ(p.status["scaling"]["from"], 2);
+  EXPECT_EQ(p.status["scaling"]["to"], 3);
+  EXPECT_FALSE(p.status["scaling"].contains("requestTime"));  // not before the new pod runs
+  EXPECT_EQ(p.scaleJoinRanks, std::vector<int>{2});
+  EXPECT_EQ(p.scaleTo, 3);
+  EXPECT_TRUE(p.ranksToCreate.empty());  // the running ranks are all there
+  EXPECT_FALSE(p.scaleRequest);
+  EXPECT_EQ(p.status["replicas"], 2);   // still training with 2
+  EXPECT_EQ(p.replicas, 2);
+  EXPECT_EQ(p.status["workers"]["total"], 2);
+  EXPECT_EQ(condStatus(p.status, "Scaling"), "True");
+  EXPECT_EQ(condReason(p.status, "Scaling"), "ScalingUp");
+  EXPECT_TRUE(hasEvent(p, "Normal", "ScalingStarted"));
+
+  // The new pod is Pending: no second create, no request.
+  PlanInput pending = running(3, p.status);
+  pending.pods.push_back(pod(2, "Pending"));
+  Plan q = planReconcile(pending);
+  EXPECT_TRUE(q.scaleJoinRanks.empty());
+  EXPECT_FALSE(q.scaleRequest);
+  EXPECT_TRUE(q.podsToDelete.empty());
+  EXPECT_EQ(q.status["phase"], "Running");
+
+  // It runs: rank 0 is asked, and asked again only after the resend interval.
+  PlanInput up = running(3, q.status);
+  up.pods.push_back(pod(2, "Running"));
+  Plan r = planReconcile(up);
+  ASSERT_TRUE(r.scaleRequest);
+  EXPECT_EQ(*r.scaleRequest, 3);
+  EXPECT_EQ(r.status["scaling"]["requestTime"], log::rfc3339(kNow));
+  ASSERT_TRUE(r.requeueAfterSeconds);
+  EXPECT_LE(*r.requeueAfterSeconds, 10);
+  PlanInput soon = running(3, r.status);
+  soon.pods = up.pods;
+  soon.now = kNow + 3;
+  EXPECT_FALSE(planReconcile(soon).scaleRequest);
+  PlanInput later = running(3, r.status);
+  later.pods = up.pods;
+  later.now = kNow + 10;
+  EXPECT_TRUE(planReconcile(later).scaleRequest);
+
+  // Rank 0 reports a world of 3 replicas: done; the new rank is part of the job.
+  PlanInput done = running(3, r.status);
+  done.pods = up.pods;
+  done.now = kNow + 7;
+  reported(done, 0, "uid-0-0", 40, 3);
+  Plan d = planReconcile(done);
+  EXPECT_EQ(d.status["replicas"], 3);
+  EXPECT_EQ(d.replicas, 3);
+  EXPECT_FALSE(d.status.contains("scaling"));
+  EXPECT_EQ(d.status["lastScale"]["result"], "Succeeded");
+  EXPECT_EQ(d.status["lastScale"]["from"], 2);
+  EXPECT_EQ(d.status["lastScale"]["to"], 3);
+  EXPECT_EQ(d.status["lastScale"]["seconds"], 7.0);
+  EXPECT_EQ(condStatus(d.status, "Scaling"), "False");
+  EXPECT_EQ(condReason(d.status, "Scaling"), "Scaled");
+  EXPECT_TRUE(hasEvent(d, "Normal", "Scaled"));
+  ASSERT_TRUE(d.scaleEnded);
+  EXPECT_EQ(d.scaleEnded->result, "Succeeded");
+  EXPECT_EQ(d.status["workers"]["total"], 3);
+  EXPECT_EQ(d.status["workers"]["running"], 3);
+  EXPECT_TRUE(d.podsToDelete.empty());
+  EXPECT_FALSE(d.gangRestarted);
+}
+
+TEST(Scaling, UpEndsWhenEveryNewRankReportedFromItsPod) {
+  json st = kRunning;
+  st["replicas"] = 2;
+  st["scaling"] = {{"from", 2}, {"to", 3}, {"startTime", log::rfc3339(kNow - 5)}, {"requestTime", log::rfc3339(kNow - 2)}};
+  PlanInput in = running(3, st);
+  in.pods.push_back(pod(2, "Running"));
+  reported(in, 2, "another-pod", 12);  // an old incarnation's report does not count
+  EXPECT_TRUE(planReconcile(in).status.contains("scaling"));
+  reported(in, 2, "uid-2-0", 12);
+  Plan p = planReconcile(in);
+  EXPECT_FALSE(p.status.contains("scaling"));
+  EXPECT_EQ(p.status["replicas"], 3);
+}
+
+TEST(Scaling, ANewPodThatFailsLeavesTheJobAtItsOldSizeWithoutARestart) {
+  json st = kRunning;
+  st["replicas"] = 2;
+  st["scaling"] = {{"from", 2}, {"to", 3}, {"startTime", log::rfc3339(kNow - 5)}, {"requestTime", log::rfc3339(kNow - 2)}};
+  PlanInput in = running(3, st);
+  in.pods.push_back(pod(2, "Failed", 0, 1));
+  in.pods.back().message = "rendezvous: no peer answered";
+  Plan p = planReconcile(in);
+  EXPECT_FALSE(p.gangRestarted);
+  EXPECT_EQ(p.status["restarts"], 0);
+  EXPECT_EQ(p.status.value("replicaRecoveries", 0), 0);
+  EXPECT_EQ(p.status["replicas"], 2);
+  EXPECT_EQ(p.status["phase"], "Running");
+  EXPECT_FALSE(p.status.contains("scaling"));
+  EXPECT_EQ(p.status["lastScale"]["result"], "Abandoned");
+  EXPECT_EQ(condReason(p.status, "Scaling"), "ScaleAbandoned");
+  const std::string msg = findCondition(p.status, "Scaling")->value("message", "");
+  EXPECT_NE(msg.find("j-worker-2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no peer answered"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("continues with 2 replicas"), std::string::npos) << msg;
+  EXPECT_TRUE(hasEvent(p, "Warning", "ScaleAbandoned"));
+  EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-2"});
+  ASSERT_TRUE(p.scaleEnded);
+  EXPECT_EQ(p.scaleEnded->result, "Abandoned");
+
+  // Not retried for the same spec (same generation) ...
+  PlanInput again = running(3, p.status);
+  Plan a = planReconcile(again);
+  EXPECT_FALSE(a.status.contains("scaling"));
+  EXPECT_TRUE(a.scaleJoinRanks.empty());
+  // ... but after spec.replicas changed again (a new generation).
+  PlanInput retry = running(3, p.status);
+  retry.meta.generation = 2;
+  EXPECT_EQ(planReconcile(retry).scaleJoinRanks, std::vector<int>{2});
+}
+
+TEST(Scaling, UpThatNeverJoinsIsAbandonedAtItsDeadline) {
+  json st = kRunning;
+  st["replicas"] = 2;
+  st["scaling"] = {{"from", 2}, {"to", 3}, {"startTime", log::rfc3339(kNow - 601)}, {"requestTime", log::rfc3339(kNow - 5)}};
+  PlanInput in = running(3, st);
+  in.pods.push_back(pod(2, "Running"));
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["lastScale"]["result"], "Abandoned");
+  EXPECT_EQ(p.status["replicas"], 2);
+  EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-2"});
+}
+
+TEST(Scaling, UpTakenBackBeforeTheWorkersWereAskedIsCancelled) {
+  json st = kRunning;
+  st["replicas"] = 2;
+  st["scaling"] = {{"from", 2}, {"to", 3}, {"startTime", log::rfc3339(kNow - 5)}};
+  st["conditions"] = json::array({{{"type", "Scaling"}, {"status", "True"}, {"reason", "ScalingUp"}}});
+  PlanInput in = running(2, st);
+  in.pods.push_back(pod(2, "Pending"));
+  Plan p = planReconcile(in);
+  EXPECT_FALSE(p.status.contains("scaling"));
+  EXPECT_EQ(condReason(p.status, "Scaling"), "Cancelled");
+  EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-2"});
+  EXPECT_FALSE(p.scaleRequest);
+}
+
+TEST(Scaling, DownAsksAtOnceAndDeletesTheLeaversWhenTheyLeft) {
+  json st = kRunning;
+  st["replicas"] = 3;
+  PlanInput in = input({{"replicas", 2}}, st);
+  in.pods = {pod(0, "Running"), pod(1, "Running"), pod(2, "Running")};
+  Plan p = planReconcile(in);
+  ASSERT_TRUE(p.scaleRequest);
+  EXPECT_EQ(*p.scaleRequest, 2);
+  EXPECT_EQ(condReason(p.status, "Scaling"), "ScalingDown");
+  EXPECT_TRUE(p.podsToDelete.empty());
+  EXPECT_TRUE(p.scaleJoinRanks.empty());
+
+  // The leaver exited 0: not the job's success, and the scale is done.
+  PlanInput left = input({{"replicas", 2}}, p.status);
+  left.pods = {pod(0, "Running"), pod(1, "Running"), pod(2, "Succeeded", 0, 0)};
+  left.now = kNow + 4;
+  Plan l = planReconcile(left);
+  EXPECT_EQ(l.status["phase"], "Running");
+  EXPECT_EQ(l.status["replicas"], 2);
+  EXPECT_EQ(l.replicas, 2);
+  EXPECT_EQ(l.status["lastScale"]["result"], "Succeeded");
+  EXPECT_EQ(l.podsToDelete, std::vector<std::string>{"j-worker-2"});
+  EXPECT_EQ(l.leftRanks, std::vector<int>{2});
+  EXPECT_EQ(l.status["workers"]["total"], 2);
+  EXPECT_EQ(l.status["workers"]["succeeded"], 0);
+
+  // Later the two that stay finish: the job succeeded with 2 workers.
+  PlanInput end = input({{"replicas", 2}}, l.status);
+  end.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Succeeded", 0, 0), pod(2, "Succeeded", 0, 0)};
+  end.pods[2].deleting = true;
+  Plan e = planReconcile(end);
+  EXPECT_EQ(e.status["phase"], "Succeeded");
+  EXPECT_EQ(e.status["message"], "all 2 workers succeeded");
+}
+
+TEST(Scaling, DownEndsWhenRankZeroReportsTheSmallerWorld) {
+  json st = kRunning;
+  st["replicas"] = 3;
+  st["scaling"] = {{"from", 3}, {"to", 2}, {"startTime", log::rfc3339(kNow - 3)}, {"requestTime", log::rfc3339(kNow - 3)}};
+  PlanInput in = input({{"replicas", 2}}, st);
+  in.pods = {pod(0, "Running"), pod(1, "Running"), pod(2, "Running")};
+  reported(in, 0, "uid-0-0", 50, 3);
+  EXPECT_TRUE(planReconcile(in).status.contains("scaling"));
+  reported(in, 0, "uid-0-0", 51, 2);
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["replicas"], 2);
+  EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-2"});  // still finishing: deleted anyway
+}
+
+TEST(Scaling, ModesThatCannotResizeInPlaceTakeTheSizeAtTheirNextStart) {
+  for (const json& extra : {json{{"algorithm", {{"mode", "ddp"}}}}, json{{"runPolicy", {{"replicaRecovery", "GangRestart"}}}}}) {
+    json spec = extra;
+    spec["replicas"] = 3;
+    json st = kRunning;
+    st["replicas"] = 2;
+    PlanInput in = input(spec, st);
+    in.pods = {pod(0, "Running"), pod(1, "Running")};
+    Plan p = planReconcile(in);
+    EXPECT_FALSE(p.status.contains("scaling")) << extra;
+    EXPECT_TRUE(p.scaleJoinRanks.empty());
+    EXPECT_FALSE(p.scaleRequest);
+    EXPECT_EQ(condReason(p.status, "Scaling"), "AppliesAtRestart") << extra;
+    EXPECT_EQ(p.status["replicas"], 2);
+  }
+}
+
+TEST(Scaling, ASuspendedJobResumesWithTheNewSize) {
+  json st = {{"phase", "Suspended"}, {"replicas", 2}, {"restartGeneration", 0}};
+  PlanInput in = input({{"replicas", 3}}, st);
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["replicas"], 3);
+  EXPECT_EQ(p.replicas, 3);
+  EXPECT_EQ(p.ranksToCreate, (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(p.scaleJoinRanks.empty());
+  EXPECT_EQ(p.status["workers"]["total"], 3);
+}
+
+TEST(Scaling, AScaleInProgressEndsWithTheJob) {
+  json st = kRunning;
+  st["replicas"] = 2;
+  st["scaling"] = {{"from", 2}, {"to", 3}, {"startTime", log::rfc3339(kNow - 5)}};
+  st["conditions"] = json::array({{{"type", "Scaling"}, {"status", "True"}, {"reason", "ScalingUp"}}});
+  PlanInput in = running(3, st);
+  in.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Succeeded", 0, 0), pod(2, "Pending")};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Succeeded");
+  EXPECT_FALSE(p.status.contains("scaling"));
+  EXPECT_EQ(condStatus(p.status, "Scaling"), "False");
+}
+
+}  // namespace
+}  // namespace edit::op::controller

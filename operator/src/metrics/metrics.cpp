@@ -34,6 +34,7 @@ Metrics::Metrics()
       jobsRestarted_(&BuildCounter().Name("edit_operator_jobs_restarted_total").Help("Gang restarts over all jobs.").Register(*registry_).Add({})),
       leader_(&BuildGauge().Name("edit_operator_leader").Help("1 while this operator instance is the leader.").Register(*registry_).Add({})) {
   for (const char* r : {"success", "error", "requeue"}) reconcileTotal_.Add({{"result", r}});
+  for (const char* r : {"Succeeded", "Abandoned"}) scalesTotal_.Add({{"result", r}});  // 0 before the first scale
 }
 
 void Metrics::removeWorkerLocked(WorkerSeries& s) {

@@ -238,6 +238,53 @@ TEST(Hub, CountsOnlyTheCurrentGenerationAndKeepsThePodUid) {
   EXPECT_EQ(report(1, 6, std::string(200, 'u')).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// Scaling: a SCALE carries an absolute target and only the newest is sent; each rank's
+// newest report says its world's size; a rank that left at a scale-down is forgotten, and
+// a last report its pod sends on the way out does not bring it back.
+TEST(Hub, ScaleCommandsAndRanksThatLeft) {
+  metrics::Metrics m;
+  TelemetryHub hub(&m);
+  hub.registerJob("ns", "j", "t", {}, 0);
+  auto report = [&](int rank, int64_t step, int replicas, std::vector<edit::v1alpha1::Command>* cmds) {
+    edit::v1alpha1::WorkerReport r;
+    r.set_namespace_("ns");
+    r.set_job("j");
+    r.set_token("t");
+    r.set_rank(rank);
+    r.set_pod("j-worker-" + std::to_string(rank));
+    r.set_pod_uid("uid-" + std::to_string(rank));
+    r.set_step(step);
+    r.set_replicas(replicas);
+    return hub.accept(r, cmds);
+  };
+  hub.sendScale("ns", "j", 0, 4, "first");
+  hub.sendScale("ns", "j", 0, 3, "second");
+  std::vector<edit::v1alpha1::Command> cmds;
+  ASSERT_TRUE(report(0, 10, 3, &cmds).ok());
+  ASSERT_EQ(cmds.size(), 1u);
+  EXPECT_EQ(cmds[0].kind(), edit::v1alpha1::Command::SCALE);
+  EXPECT_EQ(cmds[0].replicas(), 3);
+  cmds.clear();
+  ASSERT_TRUE(report(2, 10, 3, &cmds).ok());
+  EXPECT_TRUE(cmds.empty());  // sent to rank 0 only
+  auto snap = hub.snapshot("ns", "j");
+  EXPECT_EQ(snap->ranks.at(0).replicas, 3);
+  EXPECT_NE(scrape(m).find("rank=\"2\""), std::string::npos);
+
+  hub.removeRank("ns", "j", 2);
+  ASSERT_TRUE(report(2, 11, 3, &cmds).ok());  // its last report, after it left
+  snap = hub.snapshot("ns", "j");
+  EXPECT_EQ(snap->ranks.count(2), 0u);
+  EXPECT_EQ(snap->progress.ranksReporting, 1);
+  EXPECT_EQ(scrape(m).find("rank=\"2\""), std::string::npos) << scrape(m);
+  edit::v1alpha1::WorkerReport bad;
+  bad.set_namespace_("ns");
+  bad.set_job("j");
+  bad.set_token("t");
+  bad.set_replicas(5000);
+  EXPECT_EQ(hub.accept(bad, &cmds).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 // Only the leader takes reports: a replica that does not lead tells workers to retry.
 TEST(Hub, NotServingAnswersUnavailable) {
   TelemetryHub hub(nullptr);

@@ -178,11 +178,14 @@ int main(int argc, char** argv) {
         case OperatorCommand::Checkpoint: self->requestCheckpoint(); break;
         default: break;
       }
+      // The operator's replica count: rank 0 puts it to the world at its next control
+      // exchange (docs/elastic.md).
+      if (const int target = telemetry->takeScaleTarget(); target > 0) gScaleTarget = target;
     }
     if (r.step % std::max<int64_t>(1, cfg.training.logEvery) == 0 || r.step == r.totalSteps) {
       const double now = nowSeconds();
       json j = {{"rank", r.rank}, {"replica", r.replica}, {"shard", r.shard}, {"step", r.step},
-                {"total", r.totalSteps}, {"loss", r.loss}, {"lr", r.lr}, {"tokens", r.tokens},
+                {"total", r.totalSteps}, {"replicas", r.replicas}, {"loss", r.loss}, {"lr", r.lr}, {"tokens", r.tokens},
                 {"tps", (r.tokens - lastTokens) / std::max(1e-9, now - lastT)},
                 {"sync_rounds", r.syncRounds}, {"anomalies", r.anomalies},
                 {"outer_skips", r.outerSkips}, {"skip_streak", r.skipStreak},

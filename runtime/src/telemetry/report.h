@@ -11,6 +11,7 @@ namespace edit {
 
 struct StepReport {
   int rank = 0, replica = 0, shard = 0, worldSize = 1;
+  int replicas = 1;            // replicas of the world at this step (M; changes at a scale)
   int64_t step = 0;            // steps completed
   int64_t totalSteps = 0;
   double loss = 0;

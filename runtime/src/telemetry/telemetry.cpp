@@ -204,6 +204,7 @@ struct TelemetryClient::Impl {
   grpc::ClientContext* active = nullptr;  // the live stream's context, for TryCancel
 
   std::atomic<int> command{static_cast<int>(OperatorCommand::None)};
+  std::atomic<int> scaleTarget{0};  // SCALE's replica count; 0: none
   std::atomic<bool> connected{false};
   std::thread worker;
 
@@ -213,6 +214,11 @@ struct TelemetryClient::Impl {
 };
 
 void TelemetryClient::Impl::noteCommand(const pb::Command& c) {
+  if (c.kind() == pb::Command::SCALE) {
+    // A target, not a step: the newest one is what the operator wants now.
+    if (c.replicas() > 0) scaleTarget = c.replicas();
+    return;
+  }
   OperatorCommand next = OperatorCommand::None;
   if (c.kind() == pb::Command::CHECKPOINT) next = OperatorCommand::Checkpoint;
   if (c.kind() == pb::Command::STOP) next = OperatorCommand::Stop;
@@ -372,6 +378,7 @@ void TelemetryClient::send(const StepReport& r) {
   m.set_rank(r.rank);
   m.set_replica(r.replica);
   m.set_shard(r.shard);
+  m.set_replicas(r.replicas);
   m.set_step(r.step);
   m.set_total_steps(r.totalSteps);
   m.set_loss(r.loss);
@@ -404,6 +411,8 @@ void TelemetryClient::send(const StepReport& r) {
 OperatorCommand TelemetryClient::takeCommand() {
   return static_cast<OperatorCommand>(impl_->command.exchange(static_cast<int>(OperatorCommand::None)));
 }
+
+int TelemetryClient::takeScaleTarget() { return impl_->scaleTarget.exchange(0); }
 
 bool TelemetryClient::connected() const { return impl_->connected.load(); }
 

@@ -67,6 +67,10 @@ class TelemetryClient {
   void send(const StepReport& r);
   // The newest command received and not yet taken (None if none).
   OperatorCommand takeCommand();
+  // The replica count of the newest SCALE command received and not yet taken (0 if
+  // none). Kept apart from takeCommand's slot, so a SCALE and a Checkpoint/Stop sent
+  // close together are both delivered.
+  int takeScaleTarget();
   bool connected() const;
 
  private:

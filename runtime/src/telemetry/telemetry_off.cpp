@@ -29,6 +29,7 @@ TelemetryClient::TelemetryClient(const std::string&, const std::string&, const T
 TelemetryClient::~TelemetryClient() = default;
 void TelemetryClient::send(const StepReport&) {}
 OperatorCommand TelemetryClient::takeCommand() { return OperatorCommand::None; }
+int TelemetryClient::takeScaleTarget() { return 0; }
 bool TelemetryClient::connected() const { return false; }
 
 }  // namespace edit

@@ -18,6 +18,7 @@ namespace edit {
 
 std::atomic<bool> gTerminateRequested{false};
 std::atomic<int> gScaleRequest{0};
+std::atomic<int> gScaleTarget{0};
 
 Trainer::Trainer(Config cfg, MeshSpec mesh, TrainerHooks hooks)
     : cfg_(std::move(cfg)), mode_(modeTraits(cfg_.algorithm.mode)), mesh_(std::move(mesh)), hooks_(std::move(hooks)) {}
@@ -223,9 +224,19 @@ Trainer::Control Trainer::exchangeControl(int64_t t) {
   // One tiny world all-gather at points every rank reaches in the same order: each step
   // of a synchronous phase, or each sync round of a local phase.
   Control c;
-  // A scale asked of this worker (SIGUSR1/SIGUSR2; edit-run sends them to rank 0 only).
-  const int delta = mesh_.rank == 0 ? gScaleRequest.exchange(0) : 0;
-  const double replicas = delta != 0 ? std::max(1, comm_->replicas() + delta) : 0;
+  // A scale asked of rank 0: the operator's target (telemetry SCALE), else a step from
+  // SIGUSR1/SIGUSR2 (edit-run sends them to rank 0 only). A target the job has already
+  // (or will have after the scale agreed before) asks nothing: the operator may resend it
+  // until the reports show it done.
+  double replicas = 0;
+  if (mesh_.rank == 0) {
+    const int delta = gScaleRequest.exchange(0), target = gScaleTarget.exchange(0);
+    if (target > 0) {
+      if (target != (pendingReplicas_ > 0 ? pendingReplicas_ : comm_->replicas())) replicas = target;
+    } else if (delta != 0) {
+      replicas = std::max(1, comm_->replicas() + delta);
+    }
+  }
   auto mine = torch::tensor({stopRequested_ ? 1.0 : 0.0, checkpointRequested_ ? 1.0 : 0.0,
                              static_cast<double>(t), gTerminateRequested ? 1.0 : 0.0, replicas}, torch::kFloat64);
   const int W = comm_->world();
@@ -247,9 +258,17 @@ Trainer::Control Trainer::exchangeControl(int64_t t) {
     // Every rank decides alike: the scale runs right after this step's round (or the first
     // round, in the synchronous warm-up), or not at all.
     if (const char* needs = whyNotScalable()) {
-      log("scale to " + std::to_string(c.replicas) + " replicas asked (SIGUSR1/SIGUSR2): ignored, it needs " + needs);
+      if (c.replicas != ignoredReplicas_)  // once: the operator resends its target
+        log("scale to " + std::to_string(c.replicas) + " replicas asked: ignored, it needs " + needs);
+      ignoredReplicas_ = c.replicas;
+    } else if (c.replicas == comm_->replicas()) {
+      // Back to this size before the agreed scale ran (or -USR2 at one replica).
+      log("scale to " + std::to_string(c.replicas) + " replicas asked: the job has " + std::to_string(c.replicas) +
+          (pendingReplicas_ > 0 ? ", the scale to " + std::to_string(pendingReplicas_) + " is cancelled" : " already"));
+      pendingReplicas_ = 0;
     } else {
-      log("scale to " + std::to_string(c.replicas) + " replicas asked: after the next sync round");
+      if (c.replicas != pendingReplicas_)
+        log("scale to " + std::to_string(c.replicas) + " replicas asked: after the next sync round");
       pendingReplicas_ = c.replicas;
     }
   }

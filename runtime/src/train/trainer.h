@@ -105,7 +105,7 @@ class Trainer {
   struct Control {
     bool stop = false, checkpoint = false;
     int64_t replicaSteps = 0;  // steps summed over replicas
-    int replicas = 0;          // a scale asked of rank 0 (gScaleRequest): to this many replicas
+    int replicas = 0;          // a scale asked of rank 0 (gScaleTarget, gScaleRequest): to this many replicas
   };
   struct StepOutcome {  // what one step saw
     double loss = 0;
@@ -266,6 +266,7 @@ class Trainer {
   bool outerLost_ = false;        // a failed state copy left outer_ half written
   size_t nextScale_ = 0;          // the next point of mesh_.scaleAt (agreed in restoreFromPeers)
   int pendingReplicas_ = 0;       // a scale agreed at a control exchange, done after the round
+  int ignoredReplicas_ = 0;       // the last scale an unscalable run ignored (logged once, not per resend)
   bool scaling_ = false;          // restoreFromPeers runs for a scale, not a lost peer
 
   // algorithm.overlapSteps. Per unit, while its round is in flight: base_ is the local
@@ -285,5 +286,10 @@ extern std::atomic<bool> gTerminateRequested;
 // Replicas to add (or remove, negative) at the next sync round: edit-train's SIGUSR1 (+1)
 // and SIGUSR2 (-1), which edit-run forwards to rank 0. Read by rank 0 only (docs/elastic.md).
 extern std::atomic<int> gScaleRequest;
+// The number of replicas the operator asks for (telemetry Command SCALE); 0: none. An
+// absolute target, so resending it is harmless: rank 0 takes it at its next control
+// exchange and puts it to the world only if its world has another size. Wins over a
+// gScaleRequest taken at the same exchange. Read by rank 0 only.
+extern std::atomic<int> gScaleTarget;
 
 }  // namespace edit

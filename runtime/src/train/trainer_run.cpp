@@ -187,6 +187,7 @@ StepReport Trainer::stepReport(int64_t t, double t0, double wait0, double loss, 
   r.replica = comm_->replica();
   r.shard = comm_->shard();
   r.worldSize = mesh_.world;
+  r.replicas = comm_->replicas();
   r.step = step_;
   r.totalSteps = totalSteps_;
   r.loss = loss;

@@ -106,6 +106,7 @@ edit::StepReport sampleReport() {
   r.replica = 1;
   r.shard = 1;
   r.worldSize = 4;
+  r.replicas = 2;
   r.step = 12;
   r.totalSteps = 100;
   r.loss = 2.75;
@@ -205,7 +206,16 @@ TEST(Telemetry, MetricsEndpointServesEveryMetric) {
 
 namespace {
 
-// A minimal operator: records reports and answers the first one with STOP.
+pb::Command command(pb::Command::Kind kind, int replicas = 0) {
+  pb::Command c;
+  c.set_kind(kind);
+  c.set_reason("test");
+  c.set_replicas(replicas);
+  return c;
+}
+
+// A minimal operator: records reports and answers the first one with `answers` (STOP
+// unless a test says otherwise).
 class FakeOperator final : public pb::Telemetry::Service {
  public:
   grpc::Status Stream(grpc::ServerContext*, grpc::ServerReaderWriter<pb::Command, pb::WorkerReport>* s) override {
@@ -218,15 +228,13 @@ class FakeOperator final : public pb::Telemetry::Service {
       }
       cv.notify_all();
       if (!answered) {
-        pb::Command c;
-        c.set_kind(pb::Command::STOP);
-        c.set_reason("test");
-        s->Write(c);
+        for (const auto& c : answers) s->Write(c);
         answered = true;
       }
     }
     return grpc::Status::OK;
   }
+  std::vector<pb::Command> answers = {command(pb::Command::STOP)};
   bool waitForReports(size_t n, std::chrono::seconds timeout) {
     std::unique_lock<std::mutex> lock(mu);
     return cv.wait_for(lock, timeout, [&] { return reports.size() >= n; });
@@ -285,6 +293,7 @@ TEST(Telemetry, ClientDeliversReportsAndReceivesStop) {
     EXPECT_EQ(r.rank(), 3);
     EXPECT_EQ(r.replica(), 1);
     EXPECT_EQ(r.shard(), 1);
+    EXPECT_EQ(r.replicas(), 2);
     EXPECT_EQ(r.step(), 12);
     EXPECT_EQ(r.total_steps(), 100);
     EXPECT_DOUBLE_EQ(r.loss(), 2.75);
@@ -310,6 +319,35 @@ TEST(Telemetry, ClientDeliversReportsAndReceivesStop) {
     next.step = 13;
     client.send(next);
     ASSERT_TRUE(svc.waitForReports(2, 10s));
+  }
+  server->Shutdown(std::chrono::system_clock::now() + 2s);
+}
+
+// SCALE carries a replica count (the operator's target) and has its own slot: a STOP and
+// a CHECKPOINT sent around it still arrive, and of two targets the newer wins.
+TEST(Telemetry, ClientReceivesScaleTargetBesideOtherCommands) {
+  FakeOperator svc;
+  // The CHECKPOINT last: once it is taken, the client has noted everything before it.
+  svc.answers = {command(pb::Command::SCALE, 4), command(pb::Command::SCALE, 3),
+                 command(pb::Command::SCALE, 0),  // no count: not a target, ignored
+                 command(pb::Command::CHECKPOINT)};
+  int port = 0;
+  auto server = startServer(svc, "127.0.0.1:0", &port);
+  ASSERT_TRUE(server);
+  {
+    edit::TelemetryClient client("127.0.0.1:" + std::to_string(port), "t",
+                                 edit::TelemetryIdentity{"ns", "job", "pod", "uid", "node"});
+    EXPECT_EQ(client.takeScaleTarget(), 0);  // nothing received yet
+    edit::StepReport r = sampleReport();
+    r.replicas = 3;
+    client.send(r);
+    ASSERT_TRUE(svc.waitForReports(1, 10s));
+    ASSERT_TRUE(eventually([&] { return client.takeCommand() == edit::OperatorCommand::Checkpoint; }, 10000ms));
+    EXPECT_EQ(client.takeScaleTarget(), 3);
+    EXPECT_EQ(client.takeScaleTarget(), 0);  // taken once
+    EXPECT_EQ(client.takeCommand(), edit::OperatorCommand::None);
+    std::lock_guard<std::mutex> lock(svc.mu);
+    EXPECT_EQ(svc.reports.front().replicas(), 3);
   }
   server->Shutdown(std::chrono::system_clock::now() + 2s);
 }

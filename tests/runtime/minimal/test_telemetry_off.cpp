@@ -35,3 +35,9 @@ TEST(TelemetryOff, TelemetryAddrIsAStartupErrorNamingTheOption) {
   EXPECT_NE(msg.find("telemetry.addr"), std::string::npos) << msg;
   EXPECT_NE(msg.find("EDIT_MINIMAL"), std::string::npos) << msg;
 }
+
+TEST(TelemetryOff, EveryMethodEditTrainCallsIsDefined) {
+  // Never called in such a build (the constructor throws), but edit-train links them.
+  EXPECT_NE(&edit::TelemetryClient::takeCommand, nullptr);
+  EXPECT_NE(&edit::TelemetryClient::takeScaleTarget, nullptr);
+}

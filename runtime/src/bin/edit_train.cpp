@@ -254,6 +254,10 @@ int main(int argc, char** argv) {
     std::cerr << tag << "invalid configuration: " << e.what() << "\n";
     terminationMessage(std::string("invalid configuration: ") + e.what());
     return kExitInvalidInput;
+  } catch (const CheckpointLayoutError& e) {
+    std::cerr << tag << "invalid checkpoint: " << e.what() << "\n";
+    terminationMessage(std::string("invalid checkpoint: ") + e.what());
+    return kExitInvalidInput;
   } catch (const data::DataError& e) {
     std::cerr << tag << "invalid data: " << e.what() << "\n";
     terminationMessage(std::string("invalid data: ") + e.what());

@@ -23,6 +23,13 @@ struct CheckpointError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A complete checkpoint this run cannot continue from at all: written for another model or
+// another number of shards per replica (a corrupt one is skipped for an older one
+// instead). Permanent: edit-train exits kExitInvalidInput.
+struct CheckpointLayoutError : CheckpointError {
+  using CheckpointError::CheckpointError;
+};
+
 using NamedTensors = std::map<std::string, torch::Tensor>;
 
 uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);

@@ -29,6 +29,8 @@ void Trainer::saveCheckpoint(int64_t id) {
   t["meta/outerReady"] = scalar(outerReady_ ? 1 : 0);
   t["meta/jobSteps"] = scalar(static_cast<double>(jobSteps_));
   t["meta/jobStepsAt"] = scalar(static_cast<double>(jobStepsAt_));
+  t["meta/totalSteps"] = scalar(static_cast<double>(totalSteps_));
+  t["meta/budgetTokens"] = scalar(static_cast<double>(cfg_.training.tokens));
   for (size_t u = 0; u < units_.size(); ++u) {
     const std::string k = "unit" + std::to_string(u) + "/";
     t[k + "theta"] = units_[u].slice;
@@ -69,6 +71,15 @@ void Trainer::saveCheckpoint(int64_t id) {
 bool Trainer::tryResume() {
   // Candidates newest first; all ranks must load the same one, so each verifies its own
   // file and the world agrees (MIN) before anyone loads.
+  //
+  // The checkpoint may have another number of replicas Mold than this run's M (a gang
+  // restarted after a scale, a suspended job resumed at another size), not another number
+  // of shards N or another model. Rank replica * N + shard reads the file of the same shard
+  // of replica (replica % Mold): the replicas the checkpoint has keep their own state, a
+  // new one continues from a copy of an existing replica's, and the replicas past M are
+  // dropped (with the local steps they made since their last sync round).
+  const int N = mesh_.shards, M = mesh_.replicas;
+  const int replica = mesh_.rank / N, shard = mesh_.rank % N;
   const auto steps = completeCheckpointSteps(cfg_.checkpoint.dir);
   auto agreedCount = torch::full({1}, static_cast<double>(steps.size()), torch::kFloat64);
   comm_->allreduce(Group::World, agreedCount, c10d::ReduceOp::MIN);
@@ -77,39 +88,73 @@ bool Trainer::tryResume() {
     const std::string dir = stepDirName(cfg_.checkpoint.dir, steps[i]);
     NamedTensors t;
     std::string why;
+    bool layout = false;  // a checkpoint of another layout or model: refused, not skipped
+    int oldReplicas = M, source = mesh_.rank;
     try {
       const Manifest m = readManifest(dir);
-      if (m.world != mesh_.world)
-        throw CheckpointError(dir + ": written by " + std::to_string(m.world) +
-                              " ranks, this run has " + std::to_string(mesh_.world));
-      const std::string file = rankFileName(dir, mesh_.rank);
-      if (verifyCheckpointFile(file) != m.crcs[mesh_.rank])
+      const std::string thisRun = std::to_string(M) + " replicas x " + std::to_string(N) + " shards";
+      if (m.world % N != 0) {
+        layout = true;
+        throw CheckpointError(dir + ": written by " + std::to_string(m.world) + " ranks, not a whole number of " +
+                              "replicas of " + std::to_string(N) + " shards (this run: " + thisRun +
+                              "); a resume can change the number of replicas, not the shards per replica");
+      }
+      oldReplicas = m.world / N;
+      source = (replica % oldReplicas) * N + shard;
+      const std::string file = rankFileName(dir, source);
+      if (verifyCheckpointFile(file) != m.crcs[source])
         throw CheckpointError(file + ": does not match the manifest's checksum");
       t = readCheckpointFile(file);
-      if (t.at("meta/shards").item<double>() != mesh_.shards ||
-          t.at("meta/params").item<double>() != static_cast<double>(parameterCount(shape_)))
-        throw CheckpointError(dir + ": model or sharding differs from this run's configuration");
+      const int fileShards = static_cast<int>(t.at("meta/shards").item<double>());
+      const auto fileParams = static_cast<int64_t>(t.at("meta/params").item<double>());
+      if (fileShards != N) {
+        layout = true;
+        throw CheckpointError(dir + ": written with " + std::to_string(m.world / std::max(1, fileShards)) +
+                              " replicas x " + std::to_string(fileShards) + " shards, this run has " + thisRun +
+                              "; a resume can change the number of replicas, not the shards per replica");
+      }
+      if (fileParams != parameterCount(shape_)) {
+        layout = true;
+        throw CheckpointError(dir + ": written for a model of " + std::to_string(fileParams) +
+                              " parameters, this run's model has " + std::to_string(parameterCount(shape_)));
+      }
     } catch (const std::exception& e) {
       why = e.what();
     }
-    auto ok = torch::full({1}, why.empty() ? 1.0 : 0.0, torch::kFloat64);
+    // 1: loadable here; 0: corrupt or incomplete here (try an older one); -1: of another
+    // layout here (refuse the run). The world takes the worst.
+    auto ok = torch::full({1}, why.empty() ? 1.0 : layout ? -1.0 : 0.0, torch::kFloat64);
     comm_->allreduce(Group::World, ok, c10d::ReduceOp::MIN);
+    if (ok.item<double>() < 0)
+      throw CheckpointLayoutError(why.empty() || !layout ? dir + ": of another layout or model (on another rank)" : why);
     if (ok.item<double>() == 0) {
       log("skipping checkpoint " + dir + (why.empty() ? " (bad on another rank)" : ": " + why));
       continue;
     }
+    const bool newReplica = replica >= oldReplicas;
+    if (oldReplicas != M)
+      log("checkpoint " + dir + " was written with " + std::to_string(oldReplicas) + " replicas; resuming it with " +
+          std::to_string(M) +
+          (newReplica ? ": this new replica continues from a copy of replica " + std::to_string(source / N) + "'s state"
+                      : ""));
     torch::NoGradGuard ng;
     step_ = static_cast<int64_t>(t.at("meta/step").item<double>());
     stepsSinceSync_ = static_cast<int64_t>(t.at("meta/stepsSinceSync").item<double>());
-    syncRounds_ = static_cast<uint64_t>(t.at("meta/syncRounds").item<double>());
-    anomalies_ = static_cast<uint64_t>(t.at("meta/anomalies").item<double>());
-    tokens_ = static_cast<uint64_t>(t.at("meta/tokens").item<double>());
+    syncRounds_ = static_cast<uint64_t>(t.at("meta/syncRounds").item<double>());  // the job's round count
+    // A new replica counts only what it trains itself, as after an in-place scale-up.
+    anomalies_ = newReplica ? 0 : static_cast<uint64_t>(t.at("meta/anomalies").item<double>());
+    tokens_ = newReplica ? 0 : static_cast<uint64_t>(t.at("meta/tokens").item<double>());
     adam_->setStepCount(static_cast<int64_t>(t.at("meta/adamSteps").item<double>()));
     outerReady_ = t.at("meta/outerReady").item<double>() > 0;
     // Older checkpoints lack the job's progress: as if every replica were at this step.
     jobSteps_ = t.count("meta/jobSteps") ? static_cast<int64_t>(t.at("meta/jobSteps").item<double>())
                                          : step_ * mesh_.replicas;
     jobStepsAt_ = t.count("meta/jobStepsAt") ? static_cast<int64_t>(t.at("meta/jobStepsAt").item<double>()) : step_;
+    // training.tokens fixed the job's step count for the world it started with; it stays
+    // when the job continues at another size, as at an in-place scale (docs/elastic.md).
+    if (cfg_.training.tokens > 0 && t.count("meta/totalSteps") && t.count("meta/budgetTokens") &&
+        static_cast<int64_t>(t.at("meta/budgetTokens").item<double>()) == cfg_.training.tokens)
+      totalSteps_ = static_cast<int64_t>(t.at("meta/totalSteps").item<double>());
     outer_.clear();
     size_t residualsFound = 0;
     for (size_t u = 0; u < units_.size(); ++u) {
@@ -122,23 +167,28 @@ bool Trainer::tryResume() {
       if (outerReady_) outer_.push_back({t.at(k + "outer").clone(), t.at(k + "momentum").clone()});
       // The error feedback of int8/int4 compression. Without one in the file (compression
       // switched on at this resume) it starts at zero, as at the first compressed round;
-      // one in the file that this run does not compress with is dropped.
+      // one in the file that this run does not compress with is dropped. It is what this
+      // rank has not sent yet: a new replica has sent nothing and starts at zero.
       if (outerReady_ && sync_.codec.on()) {
-        const bool has = t.count(k + "residual") > 0;
+        const bool has = t.count(k + "residual") > 0 && !newReplica;
         residualsFound += has;
         outer_.back().residual = has ? t.at(k + "residual").clone() : torch::zeros_like(outer_.back().outer);
-        // The owned part's residual, when the file has one of this run's part size (the
-        // parts follow the number of replicas and the block); otherwise from zero.
+        // The owned part's residual, when the file has one of this run's part (the parts
+        // follow the number of replicas and the block); otherwise from zero.
         const int64_t own = ownedPart(outer_.back().outer.numel());
-        const bool hasAvg = t.count(k + "averageResidual") && t.at(k + "averageResidual").numel() == own;
+        const bool hasAvg = oldReplicas == M && t.count(k + "averageResidual") &&
+                            t.at(k + "averageResidual").numel() == own;
         outer_.back().averageResidual =
             hasAvg ? t.at(k + "averageResidual").clone() : torch::zeros({own}, outer_.back().outer.options());
       }
     }
-    if (outerReady_ && sync_.codec.on() && residualsFound == 0)
+    if (outerReady_ && sync_.codec.on() && residualsFound == 0 && !newReplica)
       log("checkpoint " + dir + " has no compression residual (written with algorithm.syncCompression none): starting from zero");
     if (outerReady_ && !sync_.codec.on() && t.count("unit0/residual"))
       log("checkpoint " + dir + " holds a compression residual; algorithm.syncCompression is none: dropped");
+    // A-EDiT's learning rate divides the job's replica-steps by M: count them again with
+    // this run's replicas (a new one's steps are its source's).
+    if (oldReplicas != M) agreeJobSteps();
     // Non-local chunks of the gathered buffers are refreshed by the next all-gather;
     // with one shard the slice is the whole buffer.
     lastSyncTime_ = nowSeconds();

@@ -1,4 +1,5 @@
-"""Elastic replicas through edit-run --scale-at (docs/elastic.md).
+"""Elastic replicas through edit-run --scale-at, and checkpoints resumed at another number
+of replicas (docs/elastic.md).
 
 A job grows from 2 to 3 replicas and shrinks back to 2 while it trains, in a 4x1-style
 layout (1 shard per replica) and a 2x2-style one (2 shards). Checked like a user would:
@@ -10,6 +11,7 @@ import glob
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +24,7 @@ import test_edit_run as base  # noqa: E402
 from test_edit_run import EDIT_RUN, summaries  # noqa: E402
 
 GROW_AT, SHRINK_AT = 16, 32  # sync steps of base_sets (warm-up 8, a round every 4 steps)
+RESUME_AT = 18               # a step between two of its sync rounds
 TOKENS_PER_STEP = 4 * 32     # data.batchSize x data.seqLen of base_sets
 
 
@@ -41,9 +44,9 @@ class Elastic(unittest.TestCase):
     tearDown = base.EditRun.tearDown
     base_sets = base.EditRun.base_sets
 
-    def launch(self, tag, nproc, shards, sets=(), args=()):
+    def launch(self, tag, nproc, shards, sets=(), args=(), ck=None):
         logs = os.path.join(self.d, "logs-" + tag)
-        sets = self.base_sets() + ["algorithm.mode=edit", f"checkpoint.dir={self.d}/ck-{tag}",
+        sets = self.base_sets() + ["algorithm.mode=edit", f"checkpoint.dir={ck or self.d + '/ck-' + tag}",
                                    "runtime.rendezvousTimeoutSeconds=120"] + list(sets)
         p = subprocess.run([EDIT_RUN, "--nproc", str(nproc), "--shards", str(shards), "--log-dir", logs]
                            + list(args) + sum((["--set", s] for s in sets), []),
@@ -191,6 +194,63 @@ class Elastic(unittest.TestCase):
         self.assertTrue(s[2]["joined"] and s[2]["left_at_scale"], s[2])
         self.assertEqual(s[2]["steps"], shrank + 1, s[2])
         assert_final_replicas_identical(self, os.path.join(self.d, "ck-signals"), 2, 1)
+
+    def checkpoint_between_rounds(self, tag, replicas, shards):
+        """Trains `replicas` x `shards` to RESUME_AT, a step between two sync rounds, and
+        returns the checkpoint directory whose newest checkpoint is that step's."""
+        ck = os.path.join(self.d, "ck-" + tag)
+        p, _ = self.launch(tag, replicas * shards, shards,
+                           [f"checkpoint.everySteps={RESUME_AT}", f"training.steps={RESUME_AT + 2}"], ck=ck)
+        self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+        shutil.rmtree(os.path.join(ck, f"step-{RESUME_AT + 2:08d}"))  # the final one: resume from RESUME_AT
+        return ck
+
+    def resume_at(self, tag, ck, old_replicas, replicas, shards):
+        """Resumes ck with `replicas` x `shards` to the end (48 steps) and checks it like a
+        user would: exit 0, every rank resumed from RESUME_AT, the log says the checkpoint
+        had another size, a new replica counts only its own tokens, identical replicas."""
+        p, logs = self.launch(tag, replicas * shards, shards, ck=ck)
+        out = p.stdout[-3000:] + p.stderr[-3000:]
+        self.assertEqual(p.returncode, 0, out)
+        s = summaries(logs)
+        self.assertEqual(sorted(s), list(range(replicas * shards)), out)
+        for r in range(replicas * shards):
+            self.assertEqual(s[r]["resumed_from"], RESUME_AT, s[r])
+            self.assertEqual(s[r]["steps"], 48, s[r])
+            self.assertEqual(s[r]["recoveries"], 0, s[r])
+            with open(os.path.join(logs, f"rank-{r}.log")) as f:
+                text = f.read()
+            self.assertIn(f"step-{RESUME_AT:08d} was written with {old_replicas} replicas; "
+                          f"resuming it with {replicas}", text)
+            self.assertIn(f"resumed from {ck}/step-{RESUME_AT:08d} at step {RESUME_AT}", text)
+            new = r // shards >= old_replicas
+            if new:
+                self.assertIn(f"this new replica continues from a copy of replica {(r // shards) % old_replicas}",
+                              text)
+            # A new replica counts only what it trained; the others the whole job's share.
+            self.assertEqual(s[r]["tokens"], (48 - RESUME_AT if new else 48) * TOKENS_PER_STEP, s[r])
+        final = assert_final_replicas_identical(self, ck, replicas * shards, shards)
+        self.assertTrue(final.endswith("step-00000048"), final)
+        self.assertTrue(math.isfinite(s[0]["val_loss"]))
+        return s
+
+    def test_resume_a_2_replica_checkpoint_with_3_and_with_1(self):
+        # What an operator's gang restart after a scale does, or a suspended job resumed at
+        # another size: the same checkpoint continues with one replica more, and with one fewer.
+        ck = self.checkpoint_between_rounds("two", 2, 1)
+        ck1 = ck + "-copy"
+        shutil.copytree(ck, ck1)
+        self.resume_at("three", ck, 2, 3, 1)
+        self.resume_at("one", ck1, 2, 1, 1)
+
+    def test_resume_2x2_with_3x2_and_refuse_4x1(self):
+        ck = self.checkpoint_between_rounds("2x2", 2, 2)
+        # Other shards per replica: refused (exit 2) before a step, naming both layouts.
+        p, _ = self.launch("4x1", 4, 1, ck=ck)
+        self.assertEqual(p.returncode, 2, p.stdout[-2000:] + p.stderr[-2000:])
+        self.assertIn(f"invalid checkpoint: {ck}/step-{RESUME_AT:08d}: written with 2 replicas x 2 shards, "
+                      "this run has 4 replicas x 1 shards", p.stderr)
+        self.resume_at("3x2", ck, 2, 3, 2)
 
     def test_scale_needs_a_local_mode(self):
         p, _ = self.launch("ddp", 2, 1, ["algorithm.mode=ddp"], ["--scale-at", "16:3"])

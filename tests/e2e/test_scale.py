@@ -66,9 +66,12 @@ class Scale(Base):
         return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
 
     def logs(self, rank):
-        return "".join(open(f, errors="replace").read()
-                       for f in glob.glob(os.path.join(self.c.tmp, "kubelet", "pods",
-                                                       "%s_%s-worker-%d_*" % (self.ns, self.name, rank), "worker.log")))
+        out = ""
+        for f in glob.glob(os.path.join(self.c.tmp, "kubelet", "pods", "%s_%s-worker-%d_*" % (self.ns, self.name, rank),
+                                        "worker.log")):
+            with open(f, errors="replace") as fh:
+                out += fh.read()
+        return out
 
     def uids(self, rank):
         return sorted(uid for uid, (_, r, _) in self.tracker.uids.items() if r == rank)
@@ -146,6 +149,14 @@ class Scale(Base):
         self.assertEqual({r: self.uids(r) for r in (0, 1)}, first)
         self.assertEqual(st["workers"]["total"], 2, st)
         self.assertEqual(self.c.metric_value("edit_operator_scales_total", result="Abandoned"), 1)
+        # Workers that were already waiting for the new replica were told to stop waiting
+        # (not after runtime.rendezvousTimeoutSeconds, 600 s).
+        log0 = self.logs(0)
+        if "scaling from 2 to 3" in log0:
+            self.assertIn("was called off", log0)
+            s0 = self.c.summaries(self.ns, self.name)[0][-1]
+            self.assertEqual((s0["scales"], s0["scales_abandoned"]), (0, 1), s0)
+            self.assertLess(s0["scale_seconds"], 60, s0)
 
     def test_suspended_job_takes_the_new_size_on_resume(self):
         self.start(every=10)

@@ -137,6 +137,8 @@ TEST(Scaling, ANewPodThatFailsLeavesTheJobAtItsOldSizeWithoutARestart) {
   EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-2"});
   ASSERT_TRUE(p.scaleEnded);
   EXPECT_EQ(p.scaleEnded->result, "Abandoned");
+  ASSERT_TRUE(p.scaleRequest);  // the workers were asked: the old size calls their wait off
+  EXPECT_EQ(*p.scaleRequest, 2);
 
   // Not retried for the same spec (same generation) ...
   PlanInput again = running(3, p.status);

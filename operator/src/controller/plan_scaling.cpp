@@ -196,6 +196,9 @@ void Planner::finishScale(int from, int to, const std::vector<int>& leftRanks) {
 void Planner::abandonScale(int from, int to, const std::string& why) {
   const std::time_t started = log::parseRfc3339(st_["scaling"].value("startTime", now_));
   const double seconds = started ? static_cast<double>(in_.now - started) : 0.0;
+  // Workers already asked wait for the new replicas at their rendezvous: the old size as
+  // the target tells them to stop waiting and go on as they were.
+  if (st_["scaling"].contains("requestTime")) plan_.scaleRequest = from;
   const std::string msg = "scale from " + replicasText(from) + " to " + std::to_string(to) + " abandoned: " + why +
                           "; training continues with " + replicasText(from) +
                           " (to retry, set spec.replicas to another value and back)";

@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
   double stepSecondsTotal = 0, syncWorkTotal = 0;  // for the sync share in the summary
   TrainerHooks hooks;
   hooks.log = [&](const std::string& s) { std::cerr << tag << s << "\n"; };
+  if (telemetry) hooks.scaleTarget = [&] { return telemetry->peekScaleTarget(); };
   hooks.onStep = [&](const StepReport& r) {
     stepSecondsTotal += r.stepSeconds;
     syncWorkTotal += r.lastSyncDurationSeconds;

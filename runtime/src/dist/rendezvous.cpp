@@ -76,6 +76,9 @@ void Rendezvous::arrive(int64_t gen, double deadline, const std::atomic<bool>& c
   // not at the (unrelated) collective timeout the store was opened with.
   while (!store_->check({key(g + "/formed")})) {
     checkCancel(cancel);
+    if (callOff_ && *callOff_) store_->set(key(g + "/calledOff"), bytes("1"));
+    if (store_->check({key(g + "/calledOff")}))
+      throw PeerLost("rendezvous: generation " + g + " was called off (the scale it was for was given up)");
     if (nowSeconds() > deadline)
       throw PeerLost("rendezvous: generation " + g + " did not form within runtime.rendezvousTimeoutSeconds (" +
                      std::to_string(static_cast<int64_t>(store_->add(key(g + "/arrived"), 0))) + " of " +

@@ -47,6 +47,10 @@ class Rendezvous {
   // After rejoin() timed out in a generation that never formed: the next rejoin opens the
   // one after it (that one may still hold the arrivals of the ranks that waited there).
   void abandonForming() { generation_ = std::max(generation_, forming_); }
+  // While set and true, a generation this rank waits in is called off for everyone: it
+  // marks it on the store, and every rank waiting there throws PeerLost (a scale-up the
+  // operator gave up: the survivors need not wait out their deadline for its new replica).
+  void setCallOff(const std::atomic<bool>* callOff) { callOff_ = callOff; }
   // Store prefix of the process groups of the current generation.
   std::string prefix() const;
 
@@ -77,6 +81,7 @@ class Rendezvous {
   int64_t generation_ = 0;
   int64_t forming_ = 0;      // the generation this rank last arrived in
   std::string incarnation_;  // of the store the current generation formed on
+  const std::atomic<bool>* callOff_ = nullptr;
 };
 
 }  // namespace edit

@@ -413,6 +413,7 @@ OperatorCommand TelemetryClient::takeCommand() {
 }
 
 int TelemetryClient::takeScaleTarget() { return impl_->scaleTarget.exchange(0); }
+int TelemetryClient::peekScaleTarget() const { return impl_->scaleTarget.load(); }
 
 bool TelemetryClient::connected() const { return impl_->connected.load(); }
 

@@ -71,6 +71,8 @@ class TelemetryClient {
   // none). Kept apart from takeCommand's slot, so a SCALE and a Checkpoint/Stop sent
   // close together are both delivered.
   int takeScaleTarget();
+  // The same without taking it (safe from any thread): what the operator asks for now.
+  int peekScaleTarget() const;
   bool connected() const;
 
  private:

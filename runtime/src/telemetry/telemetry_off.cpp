@@ -30,6 +30,7 @@ TelemetryClient::~TelemetryClient() = default;
 void TelemetryClient::send(const StepReport&) {}
 OperatorCommand TelemetryClient::takeCommand() { return OperatorCommand::None; }
 int TelemetryClient::takeScaleTarget() { return 0; }
+int TelemetryClient::peekScaleTarget() const { return 0; }
 bool TelemetryClient::connected() const { return false; }
 
 }  // namespace edit

@@ -80,6 +80,9 @@ struct TrainResult {
 struct TrainerHooks {
   std::function<void(const StepReport&)> onStep;  // after every step (training thread)
   std::function<void(const std::string&)> log;    // human-readable log lines
+  // The replicas the operator asks for now (0: nothing asked), read from another thread
+  // while a scale-up waits for its new replicas: another value calls the scale off.
+  std::function<int()> scaleTarget;
 };
 
 class Trainer {

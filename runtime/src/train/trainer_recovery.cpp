@@ -12,6 +12,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <thread>
 #include <unistd.h>
 
 #include "train/recovery_plan.h"
@@ -414,9 +415,36 @@ bool Trainer::scale(int64_t t, int M2, TrainResult& result) {
   mesh_.world = M2 * N;
   rendezvous_->setWorld(mesh_.world);
   scaling_ = true;
+  // The operator gives a scale-up up when a new pod fails (and says so with another
+  // target): rank 0, the one it tells, calls the generation off for everyone waiting.
+  struct CallOffWatch {
+    std::atomic<bool> callOff{false}, waited{false};
+    std::thread thread;
+    Rendezvous* rdzv = nullptr;
+    void stop() {
+      waited = true;
+      if (thread.joinable()) thread.join();
+      if (rdzv) rdzv->setCallOff(nullptr);
+      rdzv = nullptr;
+    }
+    ~CallOffWatch() { stop(); }
+  } watch;
+  if (M2 > M && hooks_.scaleTarget) {
+    watch.thread = std::thread([this, &watch, M2] {
+      while (!watch.waited) {
+        const int target = hooks_.scaleTarget();
+        if (target > 0 && target != M2) watch.callOff = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+    watch.rdzv = rendezvous_.get();
+    rendezvous_->setCallOff(&watch.callOff);
+  }
   try {
     rendezvous_->rejoin(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
+    watch.stop();
   } catch (const PeerLost& e) {
+    watch.stop();
     if (M2 < M || gTerminateRequested) throw;
     // A new replica that never arrived (its pod died or never started): the job stays at M
     // replicas in the generation after the abandoned one. (A peer lost after the groups

@@ -227,6 +227,54 @@ TEST(Desired, OnlyReplacementPodsJoinTheRunningJob) {
   EXPECT_EQ(env["EDIT_JOIN"]["value"], "1");
 }
 
+TEST(Desired, ScaleUpPodsJoinAsANewReplicaOfTheLargerWorld) {
+  auto job = makeJob();
+  job.spec.replicas = 3;  // the world the pod enters: the scale's target
+  auto env = envOf(controller::desiredPod(job, 5, 0, {}, {}, controller::PodJoin::Scale));
+  EXPECT_EQ(env["EDIT_JOIN"]["value"], "scale");
+  EXPECT_EQ(env["WORLD_SIZE"]["value"], "6");
+  EXPECT_EQ(env["EDIT_REPLICAS"]["value"], "3");
+  EXPECT_EQ(env["RANK"]["value"], "5");
+}
+
+// Kueue's plain-pod integration: a queued job's pods carry the queue and one group per
+// gang (a new generation is a new group); a scale-up's pods are a group of their own.
+TEST(Desired, KueueQueuedJobsPodsFormOneGroupPerGangAndPerScale) {
+  json obj = {{"metadata", {{"name", "demo"}, {"namespace", "team"}, {"uid", "uid-1"}, {"generation", 3},
+                            {"labels", {{"kueue.x-k8s.io/queue-name", "team-queue"}}}}},
+              {"spec", {{"image", "edit:1"}, {"replicas", 2}, {"shardsPerReplica", 2}}}};
+  controller::JobRef job{api::parseMeta(obj), api::parseSpec(obj)};
+  EXPECT_EQ(job.spec.kueueQueue, "team-queue");
+  json pod = controller::desiredPod(job, 3, 2, {});
+  const json& labels = pod["metadata"]["labels"];
+  const json& ann = pod["metadata"]["annotations"];
+  EXPECT_EQ(labels["kueue.x-k8s.io/queue-name"], "team-queue");
+  EXPECT_EQ(labels["kueue.x-k8s.io/pod-group-name"], "demo-g2");
+  EXPECT_EQ(ann["kueue.x-k8s.io/pod-group-total-count"], "4");
+  EXPECT_EQ(ann["kueue.x-k8s.io/retriable-in-group"], "false");
+
+  auto larger = job;
+  larger.spec.replicas = 3;
+  const auto group = controller::scalePodGroup(larger, 2, 2, 3, 1800000000);
+  EXPECT_EQ(group.name, "demo-g2-scale1800000000");
+  EXPECT_EQ(group.total, 2);  // one replica of 2 shards
+  json added = controller::desiredPod(larger, 4, 2, {}, {}, controller::PodJoin::Scale, group);
+  EXPECT_EQ(added["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"], "demo-g2-scale1800000000");
+  EXPECT_EQ(added["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"], "2");
+
+  // A long job name is cut so that the group name stays a valid label value.
+  job.meta.name = std::string(50, 'a');
+  const auto g = controller::scalePodGroup(job, 12, 2, 3, 1800000000);
+  EXPECT_LE(g.name.size(), 63u);
+  EXPECT_EQ(g.name.substr(g.name.size() - 20), "-g12-scale1800000000");
+
+  // Not queued: none of Kueue's labels.
+  json plain = controller::desiredPod(makeJob(), 0, 0, {});
+  EXPECT_FALSE(plain["metadata"]["labels"].contains("kueue.x-k8s.io/queue-name"));
+  EXPECT_FALSE(plain["metadata"].contains("annotations") &&
+               plain["metadata"]["annotations"].contains("kueue.x-k8s.io/pod-group-total-count"));
+}
+
 TEST(Desired, TelemetryTlsMountsTheCaSecretIntoWorkers) {
   auto job = makeJob();
   json plain = controller::desiredPod(job, 0, 0, {"op:9090"});

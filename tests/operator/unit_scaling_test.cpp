@@ -267,5 +267,19 @@ TEST(Scaling, AScaleInProgressEndsWithTheJob) {
   EXPECT_EQ(condStatus(p.status, "Scaling"), "False");
 }
 
+// A Kueue-queued job answers a failed worker with a new gang (a new pod group): Kueue
+// keeps a failed pod of a group until a replacement of another name exists.
+TEST(Scaling, KueueQueuedJobRestartsTheGangOnAFailure) {
+  json st = kRunning;
+  st["replicas"] = 2;
+  PlanInput in = input({}, st);
+  in.spec->kueueQueue = "team-queue";
+  in.pods = {pod(0, "Running"), pod(1, "Failed", 0, 137)};
+  Plan p = planReconcile(in);
+  expectGangRestart(p);
+  const std::string msg = findCondition(p.status, "Restarting")->value("message", "");
+  EXPECT_NE(msg.find("Kueue"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace edit::op::controller

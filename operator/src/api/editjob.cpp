@@ -233,6 +233,9 @@ EDiTJobSpec parseSpec(const json& obj) {
   const json& spec = *specPtr;
   const std::string p = "spec";
   EDiTJobSpec s;
+  if (const json* md = field(obj, "metadata"); md && md->is_object())
+    if (const json* labels = field(*md, "labels"); labels && labels->is_object())
+      if (const json* q = field(*labels, kKueueQueueLabel); q && q->is_string()) s.kueueQueue = q->get<std::string>();
   s.replicas = static_cast<int>(getInt(spec, "replicas", s.replicas, p));
   require(s.replicas >= 1 && s.replicas <= 4096, "spec.replicas", "must be in [1, 4096]");
   s.shardsPerReplica = static_cast<int>(getInt(spec, "shardsPerReplica", s.shardsPerReplica, p));

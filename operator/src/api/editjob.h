@@ -101,6 +101,9 @@ struct EDiTJobSpec {
   StragglerPolicy stragglerPolicy;
 
   int worldSize() const { return replicas * shardsPerReplica; }
+  // metadata.labels["kueue.x-k8s.io/queue-name"]: the Kueue LocalQueue that admits the
+  // job's pods (controller/desired.h, podGroupOf). "" when the job is not queued.
+  std::string kueueQueue;
   // algorithm.mode as the runtime sees it (its default is edit).
   std::string mode() const;
   // Whether a failed worker may be replaced without a gang restart: runPolicy asks for it
@@ -109,6 +112,9 @@ struct EDiTJobSpec {
 };
 
 // The parts of the object's metadata the controller needs.
+// Kueue's plain-pod integration: the queue label on the job (and on its pods).
+inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
+
 struct JobMeta {
   std::string name;
   std::string ns;

@@ -207,7 +207,7 @@ json desiredPodGroup(const JobRef& job) {
 }
 
 json desiredPod(const JobRef& job, int rank, int restartGeneration, const OperatorSettings& settings,
-                const std::set<std::string>& avoidNodes, PodJoin join) {
+                const std::set<std::string>& avoidNodes, PodJoin join, const PodGroupRef& group) {
   const auto& s = job.spec;
   const std::string& name = job.meta.name;
   const std::string& ns = job.meta.ns;
@@ -224,6 +224,15 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
   std::string gang = gangScheduler(s.schedulerName);
   if (gang == "volcano") annotations["scheduling.k8s.io/group-name"] = name;
   if (gang == "coscheduling") labels["scheduling.x-k8s.io/pod-group"] = name;
+  if (!s.kueueQueue.empty()) {
+    const PodGroupRef g = group.name.empty() ? gangPodGroup(job, restartGeneration) : group;
+    labels[api::kKueueQueueLabel] = s.kueueQueue;
+    labels["kueue.x-k8s.io/pod-group-name"] = g.name;
+    annotations["kueue.x-k8s.io/pod-group-total-count"] = std::to_string(g.total);
+    // A failure ends the group (its quota and finalizers are released): the operator
+    // answers it with a new gang, a new group (failure_policy.cpp).
+    annotations["kueue.x-k8s.io/retriable-in-group"] = "false";
+  }
 
   json env = json::array({
       envVar("EDIT_JOB", name), envVar("EDIT_NAMESPACE", ns), envVar("RANK", std::to_string(rank)),
@@ -334,6 +343,25 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
                    {"ownerReferences", json::array({ownerReference(job.meta)})}};
   if (!annotations.empty()) metadata["annotations"] = annotations;
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", spec}};
+}
+
+namespace {
+// "<job>-<suffix>" within a label value's 63 characters (the job name is cut, not the suffix).
+std::string groupName(const std::string& job, const std::string& suffix) {
+  const size_t room = 63 - suffix.size() - 1;
+  std::string head = job.substr(0, room);
+  while (!head.empty() && head.back() == '-') head.pop_back();
+  return head + "-" + suffix;
+}
+}  // namespace
+
+PodGroupRef gangPodGroup(const JobRef& job, int restartGeneration) {
+  return {groupName(job.meta.name, "g" + std::to_string(restartGeneration)), job.spec.worldSize()};
+}
+
+PodGroupRef scalePodGroup(const JobRef& job, int restartGeneration, int from, int to, long scaleStart) {
+  return {groupName(job.meta.name, "g" + std::to_string(restartGeneration) + "-scale" + std::to_string(scaleStart)),
+          (to - from) * job.spec.shardsPerReplica};
 }
 
 std::string randomToken() {

@@ -76,11 +76,24 @@ long heartbeatSeconds(const api::EDiTJobSpec& s);
 // a rank of a new replica at an in-place scale-up (EDIT_JOIN=scale).
 enum class PodJoin { Start, Replace, Scale };
 
+// A Kueue pod group (plain-pod integration): the pods Kueue admits together as one
+// Workload. A gang is one group per restart generation; a scale-up's new pods are another,
+// admitted (with their own quota) before they start.
+struct PodGroupRef {
+  std::string name;  // kueue.x-k8s.io/pod-group-name (a label value: at most 63 characters)
+  int total = 0;     // kueue.x-k8s.io/pod-group-total-count
+};
+PodGroupRef gangPodGroup(const JobRef& job, int restartGeneration);
+// scaleStart: status.scaling.startTime as seconds since the epoch (one group per attempt).
+PodGroupRef scalePodGroup(const JobRef& job, int restartGeneration, int from, int to, long scaleStart);
+
 // The pod of one rank. job.spec.replicas is the number of replicas of the world the pod
 // enters (WORLD_SIZE, EDIT_REPLICAS): status.replicas, or the target of a scale-up for its
 // new pods. avoidNodes: nodes this rank must not land on (straggler replacement).
+// group: the pod's Kueue group when the job is queued (default: the gang's).
 json desiredPod(const JobRef& job, int rank, int restartGeneration, const OperatorSettings& settings,
-                const std::set<std::string>& avoidNodes = {}, PodJoin join = PodJoin::Start);
+                const std::set<std::string>& avoidNodes = {}, PodJoin join = PodJoin::Start,
+                const PodGroupRef& group = {});
 
 // The label selector of a job's worker pods, in label-selector text (status.selector, read
 // by the scale subresource).

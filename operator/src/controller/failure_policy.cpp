@@ -44,6 +44,11 @@ bool causedByDisruption(const std::vector<const ObservedPod*>& failed, bool disr
 std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
                               const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active) {
   if (spec.runPolicy.replicaRecovery != "InPlace") return "runPolicy.replicaRecovery is " + spec.runPolicy.replicaRecovery;
+  // Kueue keeps a failed pod of a group until a replacement of another name exists, and a
+  // replacement here takes the failed pod's name once it is gone: the new gang is a new
+  // group (docs/elastic.md, Kueue).
+  if (!spec.kueueQueue.empty())
+    return "the job is queued by Kueue (label kueue.x-k8s.io/queue-name): a failed pod is replaced with its gang";
   if (!edit::hasLocalPhases(spec.mode())) return "mode ddp synchronizes every step, so no rank can be replaced alone";
   // Before every pod ran the gang had not formed: there is no running job to join.
   if (phase != "Running") return "the gang was not running yet";

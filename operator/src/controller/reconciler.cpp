@@ -128,12 +128,12 @@ void Reconciler::ensureChildren(const JobRef& job, const json& jobObj) {
 
 void Reconciler::createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
                             const std::vector<int>& joiningRanks, const json& status, const json& jobObj,
-                            bool scaleJoin) {
+                            bool scaleJoin, const PodGroupRef& group) {
   auto avoid = avoidNodesFromStatus(status);
   for (int rank : ranks) {
     const bool join = std::find(joiningRanks.begin(), joiningRanks.end(), rank) != joiningRanks.end();
     const PodJoin how = scaleJoin ? PodJoin::Scale : join ? PodJoin::Replace : PodJoin::Start;
-    json pod = desiredPod(job, rank, restartGeneration, settings_, avoid[rank], how);
+    json pod = desiredPod(job, rank, restartGeneration, settings_, avoid[rank], how, group);
     if (createChild(res::Pods, pod, jobObj)) {
       if (scaleJoin)
         log::info("created pod of a new replica (joins at the next sync round)",
@@ -270,7 +270,10 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
   if (job && !plan.scaleJoinRanks.empty()) {
     JobRef larger = *job;
     larger.spec.replicas = plan.scaleTo;
-    createPods(larger, plan.scaleJoinRanks, restartGen, {}, st, *jobObj, true);
+    const json& scaling = st.value("scaling", json::object());
+    const PodGroupRef group = scalePodGroup(larger, restartGen, plan.replicas, plan.scaleTo,
+                                            static_cast<long>(log::parseRfc3339(scaling.value("startTime", ""))));
+    createPods(larger, plan.scaleJoinRanks, restartGen, {}, st, *jobObj, true, group);
   }
   if (job && exportAttempt && createChild(res::Pods, desiredExportPod(*job, *exportAttempt), *jobObj))
     log::info("created export pod", {{"namespace", ns}, {"job", name}, {"pod", exportPodName(name, *exportAttempt)}});

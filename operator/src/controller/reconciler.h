@@ -41,7 +41,8 @@ class Reconciler {
   // new status (status.avoidNodes).
   // scaleJoin: the ranks are a scale-up's new replicas (EDIT_JOIN=scale).
   void createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
-                  const std::vector<int>& joiningRanks, const json& status, const json& jobObj, bool scaleJoin = false);
+                  const std::vector<int>& joiningRanks, const json& status, const json& jobObj, bool scaleJoin = false,
+                  const PodGroupRef& group = {});
   // Creates a child; 409 (it exists) is false. Any other refusal (Pod Security, quota,
   // RBAC, a missing CRD) becomes a Warning event FailedCreate on the job with the API's
   // message, as a ReplicaSet does, and is thrown on.

@@ -16,6 +16,16 @@ PlanInput running(int want, json status = kRunning) {
   return in;
 }
 
+// The status of a job running `from` replicas while a scale to `to` is in progress, started
+// `started` seconds ago; asked `asked` seconds ago (-1: the workers were not asked yet).
+json scalingStatus(int from, int to, long started, long asked = -1) {
+  json st = kRunning;
+  st["replicas"] = from;
+  st["scaling"] = {{"from", from}, {"to", to}, {"startTime", log::rfc3339(kNow - started)}};
+  if (asked >= 0) st["scaling"]["requestTime"] = log::rfc3339(kNow - asked);
+  return st;
+}
+
 // Rank `rank`'s newest report came from `uid`, at `step`, in a world of `replicas`.
 void reported(PlanInput& in, int rank, const std::string& uid, long step, int replicas = 0) {
   in.telemetry.present = true;
@@ -100,9 +110,7 @@ TEST(Scaling, UpCreatesTheNewReplicasPodsThenAsksOnceTheyRun) {
 }
 
 TEST(Scaling, UpEndsWhenEveryNewRankReportedFromItsPod) {
-  json st = kRunning;
-  st["replicas"] = 2;
-  st["scaling"] = {{"from", 2}, {"to", 3}, {"startTime", log::rfc3339(kNow - 5)}, {"requestTime", log::rfc3339(kNow - 2)}};
+  json st = scalingStatus(2, 3, 5, 2);
   PlanInput in = running(3, st);
   in.pods.push_back(pod(2, "Running"));
   reported(in, 2, "another-pod", 12);  // an old incarnation's report does not count
@@ -114,9 +122,7 @@ TEST(Scaling, UpEndsWhenEveryNewRankReportedFromItsPod) {
 }
 
 TEST(Scaling, ANewPodThatFailsLeavesTheJobAtItsOldSizeWithoutARestart) {
-  json st = kRunning;
-  st["replicas"] = 2;
-  st["scaling"] = {{"from", 2}, {"to", 3}, {"startTime", log::rfc3339(kNow - 5)}, {"requestTime", log::rfc3339(kNow - 2)}};
+  json st = scalingStatus(2, 3, 5, 2);
   PlanInput in = running(3, st);
   in.pods.push_back(pod(2, "Failed", 0, 1));
   in.pods.back().message = "rendezvous: no peer answered";
@@ -152,9 +158,7 @@ TEST(Scaling, ANewPodThatFailsLeavesTheJobAtItsOldSizeWithoutARestart) {
 }
 
 TEST(Scaling, UpThatNeverJoinsIsAbandonedAtItsDeadline) {
-  json st = kRunning;
-  st["replicas"] = 2;
-  st["scaling"] = {{"from", 2}, {"to", 3}, {"startTime", log::rfc3339(kNow - 601)}, {"requestTime", log::rfc3339(kNow - 5)}};
+  json st = scalingStatus(2, 3, 601, 5);
   PlanInput in = running(3, st);
   in.pods.push_back(pod(2, "Running"));
   Plan p = planReconcile(in);
@@ -164,9 +168,7 @@ TEST(Scaling, UpThatNeverJoinsIsAbandonedAtItsDeadline) {
 }
 
 TEST(Scaling, UpTakenBackBeforeTheWorkersWereAskedIsCancelled) {
-  json st = kRunning;
-  st["replicas"] = 2;
-  st["scaling"] = {{"from", 2}, {"to", 3}, {"startTime", log::rfc3339(kNow - 5)}};
+  json st = scalingStatus(2, 3, 5);
   st["conditions"] = json::array({{{"type", "Scaling"}, {"status", "True"}, {"reason", "ScalingUp"}}});
   PlanInput in = running(2, st);
   in.pods.push_back(pod(2, "Pending"));
@@ -213,9 +215,7 @@ TEST(Scaling, DownAsksAtOnceAndDeletesTheLeaversWhenTheyLeft) {
 }
 
 TEST(Scaling, DownEndsWhenRankZeroReportsTheSmallerWorld) {
-  json st = kRunning;
-  st["replicas"] = 3;
-  st["scaling"] = {{"from", 3}, {"to", 2}, {"startTime", log::rfc3339(kNow - 3)}, {"requestTime", log::rfc3339(kNow - 3)}};
+  json st = scalingStatus(3, 2, 3, 3);
   PlanInput in = input({{"replicas", 2}}, st);
   in.pods = {pod(0, "Running"), pod(1, "Running"), pod(2, "Running")};
   reported(in, 0, "uid-0-0", 50, 3);
@@ -255,9 +255,7 @@ TEST(Scaling, ASuspendedJobResumesWithTheNewSize) {
 }
 
 TEST(Scaling, AScaleInProgressEndsWithTheJob) {
-  json st = kRunning;
-  st["replicas"] = 2;
-  st["scaling"] = {{"from", 2}, {"to", 3}, {"startTime", log::rfc3339(kNow - 5)}};
+  json st = scalingStatus(2, 3, 5);
   st["conditions"] = json::array({{{"type", "Scaling"}, {"status", "True"}, {"reason", "ScalingUp"}}});
   PlanInput in = running(3, st);
   in.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Succeeded", 0, 0), pod(2, "Pending")};

@@ -109,6 +109,20 @@ TEST(Scaling, UpCreatesTheNewReplicasPodsThenAsksOnceTheyRun) {
   EXPECT_FALSE(d.gangRestarted);
 }
 
+// With shards, a new replica is several pods: the workers are asked once all of them run.
+TEST(Scaling, UpAsksOnlyOnceEveryPodOfTheNewReplicaRuns) {
+  json st = scalingStatus(2, 3, 5);
+  PlanInput in = input({{"replicas", 3}, {"shardsPerReplica", 2}}, st);
+  in.pods = {pod(0, "Running"), pod(1, "Running"), pod(2, "Running"), pod(3, "Running"), pod(4, "Running"),
+             pod(5, "Pending")};
+  EXPECT_FALSE(planReconcile(in).scaleRequest);
+  in.pods[5].phase = "Running";
+  Plan p = planReconcile(in);
+  ASSERT_TRUE(p.scaleRequest);
+  EXPECT_EQ(*p.scaleRequest, 3);
+  EXPECT_EQ(p.status["workers"]["total"], 4);
+}
+
 TEST(Scaling, UpEndsWhenEveryNewRankReportedFromItsPod) {
   json st = scalingStatus(2, 3, 5, 2);
   PlanInput in = running(3, st);

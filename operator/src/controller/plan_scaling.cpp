@@ -119,14 +119,13 @@ void Planner::scaleUp(int from, int to) {
   }
   // Joined: rank 0 trains in the larger world, or every new rank reported from its pod
   // (or finished: a short job may end before a report was seen).
-  bool allJoined = static_cast<int>(joiners.size()) == (to - from) * N;
-  bool allRunning = allJoined;
-  for (int r = from * N; r < to * N && allJoined; ++r) {
-    const ObservedPod* p = joiners[r];
+  const bool allThere = static_cast<int>(joiners.size()) == (to - from) * N;
+  bool allRunning = allThere, allJoined = allThere;
+  for (const auto& [rank, p] : joiners) {
     allRunning = allRunning && (p->phase == "Running" || p->phase == "Succeeded");
-    auto rep = in_.telemetry.ranks.find(r);
+    auto rep = in_.telemetry.ranks.find(rank);
     const bool reported = rep != in_.telemetry.ranks.end() && rep->second.podUid == p->uid && rep->second.step > 0;
-    allJoined = p->phase == "Succeeded" || reported;
+    allJoined = allJoined && (p->phase == "Succeeded" || reported);
   }
   if (asked && (in_.telemetry.replicas == to || allJoined)) {
     finishScale(from, to, {});

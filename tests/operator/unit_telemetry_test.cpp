@@ -24,6 +24,17 @@ Report rep(int rank, int64_t step, double stepSeconds, uint64_t tokens = 0, doub
   return r;
 }
 
+// A report on the wire from rank `rank` of job ns/j (pod j-worker-<rank>, token "t").
+edit::v1alpha1::WorkerReport wireReport(int rank) {
+  edit::v1alpha1::WorkerReport r;
+  r.set_namespace_("ns");
+  r.set_job("j");
+  r.set_token("t");
+  r.set_rank(rank);
+  r.set_pod("j-worker-" + std::to_string(rank));
+  return r;
+}
+
 std::string scrape(metrics::Metrics& m) {
   return prometheus::TextSerializer().Serialize(m.registry()->Collect());
 }
@@ -162,12 +173,7 @@ TEST(Hub, DeliversCommandsAndFeedsMetrics) {
   hub.sendCommand("ns", "j", -1, edit::v1alpha1::Command::STOP, "all");
   for (int step = 1; step <= 3; ++step)
     for (int rank = 0; rank < 3; ++rank) {
-      edit::v1alpha1::WorkerReport r;
-      r.set_namespace_("ns");
-      r.set_job("j");
-      r.set_token("t");
-      r.set_rank(rank);
-      r.set_pod("j-worker-" + std::to_string(rank));
+      edit::v1alpha1::WorkerReport r = wireReport(rank);
       r.set_node("n");
       r.set_step(step);
       r.set_step_seconds(rank == 1 ? 0.5 : 0.1);
@@ -246,12 +252,7 @@ TEST(Hub, ScaleCommandsAndRanksThatLeft) {
   TelemetryHub hub(&m);
   hub.registerJob("ns", "j", "t", {}, 0);
   auto report = [&](int rank, int64_t step, int replicas, std::vector<edit::v1alpha1::Command>* cmds) {
-    edit::v1alpha1::WorkerReport r;
-    r.set_namespace_("ns");
-    r.set_job("j");
-    r.set_token("t");
-    r.set_rank(rank);
-    r.set_pod("j-worker-" + std::to_string(rank));
+    edit::v1alpha1::WorkerReport r = wireReport(rank);
     r.set_pod_uid("uid-" + std::to_string(rank));
     r.set_step(step);
     r.set_replicas(replicas);
@@ -277,10 +278,7 @@ TEST(Hub, ScaleCommandsAndRanksThatLeft) {
   EXPECT_EQ(snap->ranks.count(2), 0u);
   EXPECT_EQ(snap->progress.ranksReporting, 1);
   EXPECT_EQ(scrape(m).find("rank=\"2\""), std::string::npos) << scrape(m);
-  edit::v1alpha1::WorkerReport bad;
-  bad.set_namespace_("ns");
-  bad.set_job("j");
-  bad.set_token("t");
+  edit::v1alpha1::WorkerReport bad = wireReport(0);
   bad.set_replicas(5000);
   EXPECT_EQ(hub.accept(bad, &cmds).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }

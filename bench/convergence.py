@@ -52,6 +52,9 @@ def parse_args(argv):
     p.add_argument("--no-extras", action="store_true", help="skip the extra runs")
     p.add_argument("--extras", default="edit+median,edit+uniform,edit+momentum0.5,diloco+momentum0.8,a-edit+median",
                    help="which extra runs (comma list)")
+    p.add_argument("--run", action="append", default=[], metavar="LAYOUT:LABEL=SET;SET",
+                   help="an extra convergence run with these --set overrides, e.g. "
+                        "'4x1:edit+lr1=algorithm.mode=edit;algorithm.outer.lr=1.0' (repeatable)")
     p.add_argument("--steps", type=int, help="steps per worker (default 340: 40 rounds of 8 after 20 warm-up)")
     p.add_argument("--warmup", type=int, help="synchronous warm-up steps (default 20)")
     p.add_argument("--tau", type=int, help="syncInterval (default 8)")
@@ -207,6 +210,16 @@ checkpoint:
                 do_run(layout, "convergence", "a-edit+median",
                        ["algorithm.mode=a-edit", f"algorithm.syncSeconds={a.tau * step:.3f}",
                         f"algorithm.maxStepsPerSync={2 * a.tau}", "algorithm.penalty.weighting=median"])
+
+    for spec in a.run:
+        layout, _, rest = spec.partition(":")
+        label, _, sets = rest.partition("=")
+        sets = [x for x in sets.split(";") if x]
+        if layout not in LAYOUTS or not label or not any(x.startswith("algorithm.mode=") for x in sets):
+            print(f"--run {spec!r}: expected LAYOUT:LABEL=algorithm.mode=M;KEY=VALUE;... "
+                  f"with LAYOUT one of {', '.join(LAYOUTS)}", file=sys.stderr)
+            return 2
+        do_run(layout, "convergence", label, sets)
 
     bad_at = a.anomaly_warmup + 3  # the test is armed from round anomalyWarmup + 1 on
     if "bad-replica" in scenarios:

@@ -17,6 +17,7 @@
 
 #include "bin/blas_env.h"
 #include "train/checkpoint.h"
+#include "train/link_advice.h"
 #include "worker_config.h"
 #include "model/cpu_allocator.h"
 #include "data/data.h"
@@ -164,12 +165,25 @@ int main(int argc, char** argv) {
   double lastT = nowSeconds();
   uint64_t lastTokens = 0;
   double stepSecondsTotal = 0, syncWorkTotal = 0;  // for the sync share in the summary
+  LinkMeasurement link;  // the local phase's compute and blocked time, for adviseLink
+  link.mode = cfg.algorithm.mode;
+  link.syncInterval = cfg.algorithm.syncInterval;
+  link.syncSeconds = cfg.algorithm.syncSeconds;
+  link.compression = cfg.algorithm.syncCompression;
+  link.overlapSteps = cfg.algorithm.overlapSteps;
+  link.overlapAllowed = mesh.backend != "nccl";
   TrainerHooks hooks;
   hooks.log = [&](const std::string& s) { std::cerr << tag << s << "\n"; };
   if (telemetry) hooks.scaleTarget = [&] { return telemetry->peekScaleTarget(); };
   hooks.onStep = [&](const StepReport& r) {
     stepSecondsTotal += r.stepSeconds;
     syncWorkTotal += r.lastSyncDurationSeconds;
+    if (r.phase != "warmup") {
+      ++link.localSteps;
+      link.computeSeconds += r.computeSeconds;
+      link.blockedSeconds += std::max(0.0, r.stepSeconds - r.computeSeconds);
+      link.rounds += r.synced;
+    }
     if (metrics) metrics->update(r);
     if (telemetry) {
       if (r.step % std::max<int64_t>(1, cfg.telemetry.everySteps) == 0 || r.step == r.totalSteps)
@@ -209,6 +223,9 @@ int main(int argc, char** argv) {
       comm.push_back({{"op", k.first}, {"group", k.second}, {"bytes", c.bytes},
                       {"wait", c.waitSeconds}, {"calls", c.calls}});
     }
+    // A slow replica link: say which setting would fix it (rank 0 speaks for the job).
+    const LinkAdvice advice = adviseLink(link);
+    if (!advice.text.empty() && mesh.rank == 0) std::cerr << tag << "note: " << advice.text << "\n";
     // No step in this run (resumed from the final checkpoint): no training loss to report.
     const json loss = res.tokensThisRun > 0 ? json(res.finalLoss) : json(nullptr);
     json s = {{"rank", mesh.rank}, {"replica", replica}, {"shard", shard}, {"steps", res.steps},
@@ -234,6 +251,7 @@ int main(int argc, char** argv) {
               {"params", parameterCount(shapeOf(cfg.model))},
               {"flops_per_token", flopsPerToken(shapeOf(cfg.model), cfg.data.seqLen)},
               {"step_seconds_total", stepSecondsTotal}, {"sync_work_seconds", syncWorkTotal},
+              {"local_blocked_share", advice.blockedShare}, {"link_advice", advice.text},
               {"device", "cpu"}};
 #ifdef EDIT_WITH_CUDA
     // The GPU this worker trained on (Trainer::selectDevice made it current).

@@ -1,0 +1,41 @@
+// After a run of a local mode: was the sync group's link the bottleneck, and which setting
+// would fix it? The arithmetic of docs/algorithm.md ("Choosing tau and overlapSteps for a
+// slow link") applied to what the run measured, so a user on a slow link learns the tau
+// that suits it from the run's own summary instead of from a benchmark of another CPU.
+// A pure function; no LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace edit {
+
+struct LinkMeasurement {
+  std::string mode;             // algorithm.mode
+  int64_t syncInterval = 0;     // tau
+  double syncSeconds = 0;       // a-edit's window
+  std::string compression;      // algorithm.syncCompression
+  int64_t overlapSteps = 0;
+  bool overlapAllowed = true;   // false where the run refuses overlapSteps (NCCL)
+  int64_t localSteps = 0;       // steps after the synchronous warm-up
+  double computeSeconds = 0;    // of those steps, not blocked in collectives
+  double blockedSeconds = 0;    // of those steps, blocked in collectives
+  int64_t rounds = 0;           // sync rounds in those steps
+};
+
+struct LinkAdvice {
+  double blockedShare = 0;      // blocked / (compute + blocked) of the local phase
+  double roundSeconds = 0;      // R: blocked seconds per round
+  double stepSeconds = 0;       // c: compute seconds per local step
+  int64_t syncInterval = 0;     // the smallest tau that keeps the share under the target
+  double syncSeconds = 0;       // a-edit: the smallest window that does
+  int64_t overlapSteps = 0;     // the d that would hide one round
+  std::string text;             // empty: nothing to say (the link is not the bottleneck)
+};
+
+// Advice when the blocked share of the local phase is above `target` (0.2: issue 18's
+// bound). Nothing for ddp, for runs with fewer than 3 rounds (too few to measure), or
+// when the share is under the target.
+LinkAdvice adviseLink(const LinkMeasurement& m, double target = 0.2);
+
+}  // namespace edit

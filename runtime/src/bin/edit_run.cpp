@@ -28,11 +28,17 @@
 #include <string>
 #include <vector>
 
+#include "train/link_advice.h"
+
 #include "bin/blas_env.h"
 #include "exit_codes.h"
 #include "scale_points.h"
 
 using nlohmann::json;
+using edit::LinkAdvice;
+using edit::LinkMeasurement;
+using edit::adviseLink;
+using edit::leastBlocked;
 
 namespace {
 
@@ -285,6 +291,25 @@ void summary(const std::vector<Worker>& ws, double wall) {
               human(tokens).c_str(), wall, human(tps).c_str(), human(trainTps).c_str(), startup);
   if (val >= 0) std::printf(", validation loss %.4f", val);
   std::printf("\n");
+  // A slow replica link: which setting would keep the rounds under 20% of the local phase.
+  std::vector<LinkMeasurement> links;
+  for (const auto& w : ws) {
+    if (w.summary.is_null() || !w.summary.contains("link")) continue;
+    const auto& l = w.summary["link"];
+    LinkMeasurement m;
+    m.mode = l.value("mode", "");
+    m.syncInterval = l.value("sync_interval", int64_t{0});
+    m.syncSeconds = l.value("sync_seconds", 0.0);
+    m.compression = l.value("compression", "");
+    m.overlapSteps = l.value("overlap_steps", int64_t{0});
+    m.overlapAllowed = l.value("overlap_allowed", true);
+    m.localSteps = l.value("local_steps", int64_t{0});
+    m.computeSeconds = l.value("compute_seconds", 0.0);
+    m.blockedSeconds = l.value("blocked_seconds", 0.0);
+    m.rounds = l.value("rounds", int64_t{0});
+    links.push_back(m);
+  }
+  if (const LinkAdvice a = adviseLink(leastBlocked(links)); !a.text.empty()) std::printf("\nnote: %s\n", a.text.c_str());
   std::fflush(stdout);
 }
 

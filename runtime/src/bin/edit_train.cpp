@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
   double lastT = nowSeconds();
   uint64_t lastTokens = 0;
   double stepSecondsTotal = 0, syncWorkTotal = 0;  // for the sync share in the summary
-  LinkMeasurement link;  // the local phase's compute and blocked time, for adviseLink
+  LinkMeasurement link;  // the local phase's compute and blocked time (summary "link")
   link.mode = cfg.algorithm.mode;
   link.syncInterval = cfg.algorithm.syncInterval;
   link.syncSeconds = cfg.algorithm.syncSeconds;
@@ -223,9 +223,6 @@ int main(int argc, char** argv) {
       comm.push_back({{"op", k.first}, {"group", k.second}, {"bytes", c.bytes},
                       {"wait", c.waitSeconds}, {"calls", c.calls}});
     }
-    // A slow replica link: say which setting would fix it (rank 0 speaks for the job).
-    const LinkAdvice advice = adviseLink(link);
-    if (!advice.text.empty() && mesh.rank == 0) std::cerr << tag << "note: " << advice.text << "\n";
     // No step in this run (resumed from the final checkpoint): no training loss to report.
     const json loss = res.tokensThisRun > 0 ? json(res.finalLoss) : json(nullptr);
     json s = {{"rank", mesh.rank}, {"replica", replica}, {"shard", shard}, {"steps", res.steps},
@@ -251,7 +248,12 @@ int main(int argc, char** argv) {
               {"params", parameterCount(shapeOf(cfg.model))},
               {"flops_per_token", flopsPerToken(shapeOf(cfg.model), cfg.data.seqLen)},
               {"step_seconds_total", stepSecondsTotal}, {"sync_work_seconds", syncWorkTotal},
-              {"local_blocked_share", advice.blockedShare}, {"link_advice", advice.text},
+              // The local phase's time, for edit-run's advice on a slow link (train/link_advice.h).
+              {"link", {{"mode", link.mode}, {"sync_interval", link.syncInterval},
+                        {"sync_seconds", link.syncSeconds}, {"compression", link.compression},
+                        {"overlap_steps", link.overlapSteps}, {"overlap_allowed", link.overlapAllowed},
+                        {"local_steps", link.localSteps}, {"compute_seconds", link.computeSeconds},
+                        {"blocked_seconds", link.blockedSeconds}, {"rounds", link.rounds}}},
               {"device", "cpu"}};
 #ifdef EDIT_WITH_CUDA
     // The GPU this worker trained on (Trainer::selectDevice made it current).

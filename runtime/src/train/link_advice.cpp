@@ -5,6 +5,13 @@
 
 namespace edit {
 
+LinkMeasurement leastBlocked(const std::vector<LinkMeasurement>& ranks) {
+  const LinkMeasurement* best = nullptr;
+  for (const auto& m : ranks)
+    if (m.localSteps > 0 && (!best || m.blockedSeconds < best->blockedSeconds)) best = &m;
+  return best ? *best : LinkMeasurement{};
+}
+
 LinkAdvice adviseLink(const LinkMeasurement& m, double target) {
   LinkAdvice a;
   if (m.mode == "ddp" || m.rounds < 3 || m.localSteps <= 0 || m.computeSeconds <= 0) return a;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace edit {
 
@@ -32,6 +33,11 @@ struct LinkAdvice {
   int64_t overlapSteps = 0;     // the d that would hide one round
   std::string text;             // empty: nothing to say (the link is not the bottleneck)
 };
+
+// The rank that waited least: the last to arrive at each round waits for the exchange alone,
+// the others also for it, so its blocked time is the link's cost without the ranks' skew
+// (a straggler's sleep is not the link's). Empty input: a default measurement.
+LinkMeasurement leastBlocked(const std::vector<LinkMeasurement>& ranks);
 
 // Advice when the blocked share of the local phase is above `target` (0.2: issue 18's
 // bound). Nothing for ddp, for runs with fewer than 3 rounds (too few to measure), or

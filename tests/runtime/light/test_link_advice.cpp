@@ -55,13 +55,13 @@ TEST(LinkAdvice, AEditGetsAWindowInSeconds) {
   EXPECT_NEAR(a.syncSeconds, 2.2, 1e-9);
   EXPECT_LE(share(0.54, 1.0, a.syncSeconds), 0.2);
   EXPECT_NE(a.text.find("algorithm.syncSeconds >= 2.2 (now 1.0)"), std::string::npos) << a.text;
-  EXPECT_EQ(a.text.find("syncInterval"), std::string::npos) << a.text;
+  EXPECT_EQ(a.text.find("algorithm.syncInterval"), std::string::npos) << a.text;
 }
 
 TEST(LinkAdvice, OverlapIsOnlySuggestedWhereTheRunAllowsIt) {
   auto m = slowLink();
   m.overlapAllowed = false;
-  EXPECT_EQ(adviseLink(m).text.find("overlapSteps"), std::string::npos);
+  EXPECT_EQ(adviseLink(m).text.find("algorithm.overlapSteps"), std::string::npos);
   // Already overlapping 2 steps and still blocked: 2 more than the remaining wait.
   m = slowLink();
   m.overlapSteps = 2;
@@ -80,6 +80,20 @@ TEST(LinkAdvice, SilentWhenTheLinkIsNotTheBottleneckOrNothingWasMeasured) {
   EXPECT_TRUE(adviseLink(few).text.empty());
   // A stricter target turns the 9% run into advice.
   EXPECT_FALSE(adviseLink(fast, 0.05).text.empty());
+}
+
+TEST(LinkAdvice, JudgesTheLinkByTheRankThatWaitedLeast) {
+  // Rank 3 straggles: the others wait for it at every round, it waits for the exchange only.
+  std::vector<LinkMeasurement> ranks(4, slowLink());
+  for (int r = 0; r < 3; ++r) ranks[r].blockedSeconds += ranks[r].rounds * 1.0;
+  ranks[3].computeSeconds *= 2;
+  const auto m = leastBlocked(ranks);
+  EXPECT_EQ(m.blockedSeconds, ranks[3].blockedSeconds);
+  EXPECT_EQ(m.computeSeconds, ranks[3].computeSeconds);
+  // A rank without local steps (it left at a scale-down) is not a candidate.
+  ranks.push_back(LinkMeasurement{});
+  EXPECT_EQ(leastBlocked(ranks).blockedSeconds, ranks[3].blockedSeconds);
+  EXPECT_EQ(leastBlocked({}).localSteps, 0);
 }
 
 }  // namespace

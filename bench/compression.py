@@ -46,7 +46,11 @@ def parse(argv):
     p.add_argument("--steps", type=int, default=360, help="steps per replica of the loss runs (tau 8: 42 syncs)")
     p.add_argument("--link-rounds", type=int, default=11, help="sync rounds of each 20 Mbit/s run")
     p.add_argument("--link-taus", default="8,16,32",
-                   help="syncInterval of the 20 Mbit/s runs (16: the runtime's default)")
+                   help="syncInterval of the 20 Mbit/s runs (16: the runtime's default); 'auto': the tau "
+                        "at which fp32 is blocked --auto-share of a local phase on this machine, from a "
+                        "short fp32 calibration run over the same link")
+    p.add_argument("--auto-share", type=float, default=0.53,
+                   help="fp32's blocked share that --link-taus auto aims at (0.53: issue 18's baseline)")
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--tau", type=int, default=8)
     p.add_argument("--batch", type=int, default=4)
@@ -150,6 +154,20 @@ def per_round(runs, warm):
     return out
 
 
+def auto_tau(a, tmp, ns, share):
+    """The tau at which fp32's rounds are `share` of a local phase over this link on this
+    machine: R / (tau c + R) = share, with R (blocked seconds per round) and c (seconds
+    per local step) from a short fp32 run at tau 16. The link scenario then sits where
+    issue 18 measured its baseline, whatever this CPU's speed (docs/algorithm.md,
+    "Choosing tau and overlapSteps for a slow link")."""
+    r = one(a, tmp, "4x1", "none", a.warmup + 6 * 16, ns, 16, tag="calibration")
+    R = r["sync_wait_s"] / max(1, r["syncs"])
+    c = r["median_local_step_s"]
+    tau = max(2, round((1 / share - 1) * R / c))
+    log(f"  calibration: R {R:.2f} s per fp32 round, c {c:.3f} s per local step -> tau {tau}")
+    return tau, dict(R=R, c=c, share=share, tau=tau)
+
+
 def main(argv):
     a = parse(argv)
     out = a.out or os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat())
@@ -178,7 +196,14 @@ def main(argv):
                 ns.setup(4, "20mbit")
                 mbit = ns.measure(2.0)
                 link = {}
-                for tau in [int(t) for t in a.link_taus.split(",") if t]:
+                taus = []
+                for t in [t for t in a.link_taus.split(",") if t]:
+                    if t == "auto":
+                        tau, results["auto_tau"] = auto_tau(a, tmp, ns, a.auto_share)
+                        taus.append(tau)
+                    else:
+                        taus.append(int(t))
+                for tau in taus:
                     steps = a.warmup + a.link_rounds * tau
                     link[tau] = {c: one(a, tmp, "4x1", c, steps, ns, tau) for c in a.link_codecs}
             finally:
@@ -224,7 +249,15 @@ def main(argv):
     L += ["## 20 Mbit/s replica link (4x1, bench/run.py's netns + tbf)", ""]
     if isinstance(link, dict):
         L += [f"Measured link: {link['mbit']:.1f} Mbit/s. {a.link_rounds} sync rounds per run after the "
-              f"{a.warmup}-step warm-up; int8+overlap with overlapSteps 2.", "",
+              f"{a.warmup}-step warm-up; int8+overlap with overlapSteps 2.", ""]
+        if results.get("auto_tau"):
+            t = results["auto_tau"]
+            L += [f"tau {t['tau']} is `--link-taus auto`: a calibration run of fp32 at tau 16 measured "
+                  f"R = {t['R']:.2f} s blocked per round and c = {t['c']:.3f} s per local step, and "
+                  f"R / (tau c + R) = {100 * t['share']:.0f}% gives tau = {t['tau']}. That is fp32's "
+                  "blocked share where issue 18 measured its baseline, so the scenario keeps the ratio of "
+                  "link time to compute that the issue's targets were set at, on any CPU.", ""]
+        L += [
               "| tau | codec | blocked (whole run) | blocked after warm-up | steady tok/s | of none | tok/s (whole run) | val loss | syncs |",
               "|---|---|---|---|---|---|---|---|---|"]
         for tau, runs in link["by_tau"].items():

@@ -68,6 +68,15 @@ def parse_args(argv):
     p.add_argument("--check", action="store_true", help="exit non-zero unless every run succeeded and the tables exist")
     a = p.parse_args(argv)
     a.argv = argv
+    a.runs = []
+    for spec in a.run:
+        layout, _, rest = spec.partition(":")
+        label, _, sets = rest.partition("=")
+        sets = [x for x in sets.split(";") if x]
+        if layout not in LAYOUTS or not label or not any(x.startswith("algorithm.mode=") for x in sets):
+            p.error(f"--run {spec!r}: expected LAYOUT:LABEL=algorithm.mode=M;KEY=VALUE;... "
+                    f"with LAYOUT one of {', '.join(LAYOUTS)}")
+        a.runs.append((layout, label, sets))
     q = a.quick
     a.steps = a.steps or (28 if q else 340)
     a.warmup = a.warmup if a.warmup is not None else (4 if q else 20)
@@ -211,14 +220,7 @@ checkpoint:
                        ["algorithm.mode=a-edit", f"algorithm.syncSeconds={a.tau * step:.3f}",
                         f"algorithm.maxStepsPerSync={2 * a.tau}", "algorithm.penalty.weighting=median"])
 
-    for spec in a.run:
-        layout, _, rest = spec.partition(":")
-        label, _, sets = rest.partition("=")
-        sets = [x for x in sets.split(";") if x]
-        if layout not in LAYOUTS or not label or not any(x.startswith("algorithm.mode=") for x in sets):
-            print(f"--run {spec!r}: expected LAYOUT:LABEL=algorithm.mode=M;KEY=VALUE;... "
-                  f"with LAYOUT one of {', '.join(LAYOUTS)}", file=sys.stderr)
-            return 2
+    for layout, label, sets in a.runs:
         do_run(layout, "convergence", label, sets)
 
     bad_at = a.anomaly_warmup + 3  # the test is armed from round anomalyWarmup + 1 on

@@ -23,6 +23,8 @@ val_tokens_conv_<layout>.png and data/ to --out (bench/results/<date>/).
 
     python3 bench/convergence.py                       # both scenarios (~1.5 h on 2 shared cores)
     python3 bench/convergence.py --quick --check       # smoke test (ctest -L bench)
+    python3 bench/convergence.py --scenarios convergence --no-extras --layouts 4x1 --modes ddp \
+        --run '4x1:edit m0.5=algorithm.mode=edit;algorithm.outer.momentum=0.5'   # a sweep point
 """
 import argparse
 import datetime

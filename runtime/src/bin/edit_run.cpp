@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "train/link_advice.h"
+#include "train/link_advice_json.h"
 
 #include "bin/blas_env.h"
 #include "exit_codes.h"
@@ -293,22 +293,8 @@ void summary(const std::vector<Worker>& ws, double wall) {
   std::printf("\n");
   // A slow replica link: which setting would keep the rounds under 20% of the local phase.
   std::vector<LinkMeasurement> links;
-  for (const auto& w : ws) {
-    if (w.summary.is_null() || !w.summary.contains("link")) continue;
-    const auto& l = w.summary["link"];
-    LinkMeasurement m;
-    m.mode = l.value("mode", "");
-    m.syncInterval = l.value("sync_interval", int64_t{0});
-    m.syncSeconds = l.value("sync_seconds", 0.0);
-    m.compression = l.value("compression", "");
-    m.overlapSteps = l.value("overlap_steps", int64_t{0});
-    m.overlapAllowed = l.value("overlap_allowed", true);
-    m.localSteps = l.value("local_steps", int64_t{0});
-    m.computeSeconds = l.value("compute_seconds", 0.0);
-    m.blockedSeconds = l.value("blocked_seconds", 0.0);
-    m.rounds = l.value("rounds", int64_t{0});
-    links.push_back(m);
-  }
+  for (const auto& w : ws)
+    if (!w.summary.is_null() && w.summary.contains("link")) links.push_back(w.summary["link"].get<LinkMeasurement>());
   if (const LinkAdvice a = adviseLink(leastBlocked(links)); !a.text.empty()) std::printf("\nnote: %s\n", a.text.c_str());
   std::fflush(stdout);
 }

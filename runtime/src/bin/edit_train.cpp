@@ -17,7 +17,7 @@
 
 #include "bin/blas_env.h"
 #include "train/checkpoint.h"
-#include "train/link_advice.h"
+#include "train/link_advice_json.h"
 #include "worker_config.h"
 #include "model/cpu_allocator.h"
 #include "data/data.h"
@@ -249,11 +249,7 @@ int main(int argc, char** argv) {
               {"flops_per_token", flopsPerToken(shapeOf(cfg.model), cfg.data.seqLen)},
               {"step_seconds_total", stepSecondsTotal}, {"sync_work_seconds", syncWorkTotal},
               // The local phase's time, for edit-run's advice on a slow link (train/link_advice.h).
-              {"link", {{"mode", link.mode}, {"sync_interval", link.syncInterval},
-                        {"sync_seconds", link.syncSeconds}, {"compression", link.compression},
-                        {"overlap_steps", link.overlapSteps}, {"overlap_allowed", link.overlapAllowed},
-                        {"local_steps", link.localSteps}, {"compute_seconds", link.computeSeconds},
-                        {"blocked_seconds", link.blockedSeconds}, {"rounds", link.rounds}}},
+              {"link", link},
               {"device", "cpu"}};
 #ifdef EDIT_WITH_CUDA
     // The GPU this worker trained on (Trainer::selectDevice made it current).

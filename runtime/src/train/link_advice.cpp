@@ -6,9 +6,12 @@
 namespace edit {
 
 LinkMeasurement leastBlocked(const std::vector<LinkMeasurement>& ranks) {
+  // Per round, not in total: a rank that left at a scale-down, or joined late, took part
+  // in fewer rounds.
+  auto perRound = [](const LinkMeasurement& m) { return m.blockedSeconds / static_cast<double>(m.rounds); };
   const LinkMeasurement* best = nullptr;
   for (const auto& m : ranks)
-    if (m.localSteps > 0 && (!best || m.blockedSeconds < best->blockedSeconds)) best = &m;
+    if (m.localSteps > 0 && m.rounds > 0 && (!best || perRound(m) < perRound(*best))) best = &m;
   return best ? *best : LinkMeasurement{};
 }
 

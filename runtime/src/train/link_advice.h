@@ -34,9 +34,10 @@ struct LinkAdvice {
   std::string text;             // empty: nothing to say (the link is not the bottleneck)
 };
 
-// The rank that waited least: the last to arrive at each round waits for the exchange alone,
-// the others also for it, so its blocked time is the link's cost without the ranks' skew
-// (a straggler's sleep is not the link's). Empty input: a default measurement.
+// The rank that waited least per round: the last to arrive at each round waits for the
+// exchange alone, the others also for it, so its blocked time is the link's cost without
+// the ranks' skew (a straggler's sleep is not the link's). None with a round: a default
+// measurement.
 LinkMeasurement leastBlocked(const std::vector<LinkMeasurement>& ranks);
 
 // Advice when the blocked share of the local phase is above `target` (0.2: issue 18's

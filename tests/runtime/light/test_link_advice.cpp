@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "train/link_advice.h"
+#include "train/link_advice_json.h"
 
 namespace edit {
 namespace {
@@ -90,10 +91,40 @@ TEST(LinkAdvice, JudgesTheLinkByTheRankThatWaitedLeast) {
   const auto m = leastBlocked(ranks);
   EXPECT_EQ(m.blockedSeconds, ranks[3].blockedSeconds);
   EXPECT_EQ(m.computeSeconds, ranks[3].computeSeconds);
-  // A rank without local steps (it left at a scale-down) is not a candidate.
+  // A rank that left at a scale-down after 10 of the rounds, waiting like rank 0 in each:
+  // less blocked time in total, not per round.
+  auto leaver = ranks[0];
+  leaver.rounds = 10;
+  leaver.localSteps = 10 * 16;
+  leaver.computeSeconds /= 4;
+  leaver.blockedSeconds /= 4;
+  ranks.push_back(leaver);
+  // A rank without a round (it joined at the end) is not a candidate.
   ranks.push_back(LinkMeasurement{});
   EXPECT_EQ(leastBlocked(ranks).blockedSeconds, ranks[3].blockedSeconds);
   EXPECT_EQ(leastBlocked({}).localSteps, 0);
+}
+
+TEST(LinkAdvice, TheSummaryObjectRoundTripsAndOlderSummariesKeepTheDefaults) {
+  auto m = slowLink("a-edit", "int4");
+  m.overlapSteps = 3;
+  m.overlapAllowed = false;
+  const nlohmann::json j = m;
+  const auto back = j.get<LinkMeasurement>();
+  EXPECT_EQ(back.mode, "a-edit");
+  EXPECT_EQ(back.compression, "int4");
+  EXPECT_EQ(back.syncInterval, m.syncInterval);
+  EXPECT_EQ(back.syncSeconds, m.syncSeconds);
+  EXPECT_EQ(back.overlapSteps, 3);
+  EXPECT_FALSE(back.overlapAllowed);
+  EXPECT_EQ(back.localSteps, m.localSteps);
+  EXPECT_EQ(back.computeSeconds, m.computeSeconds);
+  EXPECT_EQ(back.blockedSeconds, m.blockedSeconds);
+  EXPECT_EQ(back.rounds, m.rounds);
+  const auto empty = nlohmann::json::object().get<LinkMeasurement>();
+  EXPECT_EQ(empty.rounds, 0);
+  EXPECT_TRUE(empty.overlapAllowed);
+  EXPECT_TRUE(adviseLink(empty).text.empty());
 }
 
 }  // namespace

@@ -111,10 +111,10 @@ struct EDiTJobSpec {
   bool inPlaceRecovery() const { return runPolicy.replicaRecovery == "InPlace" && edit::hasLocalPhases(mode()); }
 };
 
-// The parts of the object's metadata the controller needs.
 // Kueue's plain-pod integration: the queue label on the job (and on its pods).
 inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
 
+// The parts of the object's metadata the controller needs.
 struct JobMeta {
   std::string name;
   std::string ns;

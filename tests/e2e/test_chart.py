@@ -425,6 +425,19 @@ class ChartOperator(unittest.TestCase):
         for group, job in (("scheduling.volcano.sh/v1beta1", "volcano"), ("scheduling.x-k8s.io/v1alpha1", "cosched")):
             self.c.wait_for(lambda: self.c.api("GET", "/apis/%s/namespaces/%s/podgroups/%s" % (group, ns, job))[0] == 200,
                             60, "PodGroup %s/%s" % (group, job))
+        # Resumed at another size: the group outlives the gang, and its minMember follows the
+        # new world (a gang smaller than a stale minMember would wait forever).
+        for group, job in (("scheduling.volcano.sh/v1beta1", "volcano"), ("scheduling.x-k8s.io/v1alpha1", "cosched")):
+            path = "/apis/%s/namespaces/%s/podgroups/%s" % (group, ns, job)
+            self.assertEqual(self.c.get(path)["spec"]["minMember"], 1)
+            self.c.kubectl("patch", "ej", job, "-n", ns, "--type=merge",
+                           "-p", json.dumps({"spec": {"runPolicy": {"suspend": True}}}))
+            self.c.wait_phase(ns, job, "Suspended", 90)
+            self.c.kubectl("patch", "ej", job, "-n", ns, "--type=merge",
+                           "-p", json.dumps({"spec": {"replicas": 2, "runPolicy": {"suspend": False}}}))
+            self.c.wait_for(lambda: self.c.get(path)["spec"].get("minMember") == 2, 90,
+                            "PodGroup %s/%s minMember 2" % (group, job))
+            self.c.wait_for(lambda: len(self.c.pods(ns, job)) == 2, 60, "2 pods of %s" % job)
         # TTL: a finished job deletes itself.
         shell_job("short", "exit 0", replicas=1, runPolicy={"ttlSecondsAfterFinished": 1})
         self.c.wait_for(lambda: self.c.api("GET", "%s/namespaces/%s/editjobs/short" % (h.GROUP, ns))[0] == 404,

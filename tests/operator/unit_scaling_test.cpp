@@ -107,6 +107,9 @@ TEST(Scaling, UpCreatesTheNewReplicasPodsThenAsksOnceTheyRun) {
   EXPECT_EQ(d.status["workers"]["running"], 3);
   EXPECT_TRUE(d.podsToDelete.empty());
   EXPECT_FALSE(d.gangRestarted);
+  // The children follow the new world (a gang PodGroup's minMember: the reconciler
+  // renders them from d.replicas).
+  EXPECT_TRUE(d.ensureChildren);
 }
 
 // With shards, a new replica is several pods: the workers are asked once all of them run.
@@ -216,6 +219,7 @@ TEST(Scaling, DownAsksAtOnceAndDeletesTheLeaversWhenTheyLeft) {
   EXPECT_EQ(l.status["lastScale"]["result"], "Succeeded");
   EXPECT_EQ(l.podsToDelete, std::vector<std::string>{"j-worker-2"});
   EXPECT_EQ(l.leftRanks, std::vector<int>{2});
+  EXPECT_TRUE(l.ensureChildren);  // the PodGroup's minMember comes down with the world
   EXPECT_EQ(l.status["workers"]["total"], 2);
   EXPECT_EQ(l.status["workers"]["succeeded"], 0);
 

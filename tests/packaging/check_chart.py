@@ -23,8 +23,8 @@ JOB_RULES = {
     ("", "events"): {"create"},
 }
 PODGROUP_RULES = {
-    ("scheduling.volcano.sh", "podgroups"): {"create"},
-    ("scheduling.x-k8s.io", "podgroups"): {"create"},
+    ("scheduling.volcano.sh", "podgroups"): {"create", "patch"},
+    ("scheduling.x-k8s.io", "podgroups"): {"create", "patch"},
 }
 # In the release namespace: the Lease, and the leader's label on its own pod.
 LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update"}, ("", "pods"): {"patch"}}

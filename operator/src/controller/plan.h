@@ -32,7 +32,8 @@ struct PlannedEvent {
 
 struct Plan {
   json status;                       // the status to store
-  bool ensureChildren = false;       // ConfigMap, Secret, Service, PodGroup must exist
+  bool ensureChildren = false;       // ConfigMap, Secret, Service, PodGroup must exist (the PodGroup's
+                                     // minMember the size of `replicas`)
   std::vector<int> ranksToCreate;    // in the current restartGeneration
   std::vector<int> joiningRanks;     // of ranksToCreate: replacements that join the running job (EDIT_JOIN=1)
   std::vector<int> recoveredRanks;   // ranks whose failed pods this plan starts to replace in place

@@ -6,7 +6,9 @@
 //   scale-down: ask at once; the leaving replicas contribute their last round and exit 0,
 //               then their pods are deleted.
 // The scale ends when rank 0 reports the new size (or every pod that had to join or leave
-// did); status.replicas then follows. A new pod that fails, or a scale that does not end
+// did); status.replicas then follows, and so does a gang PodGroup's minMember (while the
+// scale runs it keeps the old size: the running gang satisfies it, and the new pods join
+// it one by one). A new pod that fails, or a scale that does not end
 // within its deadline, leaves the job at its old size (Abandoned): no gang restart.
 // A job that cannot resize in place (ddp, replicaRecovery GangRestart, overlapSteps, GPUs)
 // takes the new size when its workers next start: a checkpointed restart, as on resume.
@@ -190,6 +192,7 @@ void Planner::finishScale(int from, int to, const std::vector<int>& leftRanks) {
   event("Normal", "Scaled", msg);
   plan_.leftRanks = leftRanks;
   plan_.scaleEnded = Plan::ScaleEnd{"Succeeded", seconds};
+  plan_.ensureChildren = true;  // the PodGroup's minMember follows the new world
 }
 
 void Planner::abandonScale(int from, int to, const std::string& why) {

@@ -118,7 +118,12 @@ void Reconciler::ensureChildren(const JobRef& job, const json& jobObj) {
   if (!pg.empty()) {
     const auto& rt = pg["apiVersion"] == "scheduling.volcano.sh/v1beta1" ? res::VolcanoPodGroups : res::CoschedulingPodGroups;
     try {
-      createChild(rt, pg, jobObj);
+      // The group outlives a gang: a gang restarted or a scale finished at another size
+      // must not leave a minMember that the new world cannot meet (its pods would stay
+      // Pending) or that undercounts it.
+      if (!createChild(rt, pg, jobObj))
+        client_.mergePatch(rt, ns, pg["metadata"]["name"].get<std::string>(),
+                           {{"spec", {{"minMember", pg["spec"]["minMember"]}}}});
     } catch (const ApiError& e) {
       // No gang scheduler installed (the event says so): the pods are still created.
       log::warn("could not create PodGroup", {{"namespace", ns}, {"job", job.meta.name}, {"error", e.what()}});

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "link_advice.h"
+
 namespace edit::op::controller {
 
 using nlohmann::json;
@@ -46,6 +48,7 @@ struct TelemetryView {
     std::string podUid;  // pod that sent the rank's newest report ("" if the worker does not say)
     long step = 0;
     double silentSeconds = 0;  // since its newest report or heartbeat
+    LinkMeasurement local;     // its local phase so far (measured fields only; link advice)
   };
   std::map<int, RankReport> ranks;         // newest report of each rank
 };

@@ -106,6 +106,7 @@ Plan Planner::run() {
   createMissing();
   updateRunning();
   mergeTelemetry();
+  planLink();
   return done();
 }
 
@@ -261,6 +262,7 @@ bool Planner::succeeded() {
   if (conditionTrue(st_, "Hung")) cond("Hung", "False", "Completed", "job finished");
   event("Normal", "Succeeded", st_["message"]);
   mergeTelemetry();
+  planLink();  // the run's final word on its link, for the next run's settings
   // Every worker exited 0, so training reached its budget even when the last reports
   // were lost (e.g. the operator restarted just before the end).
   if (st_.contains("progress") && st_["progress"].is_object()) {

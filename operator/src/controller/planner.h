@@ -5,6 +5,7 @@
 //   plan_failures.cpp   failed, deleted and hung workers: gang restart or in-place recovery
 //   plan_stragglers.cpp telemetry in the status, the StragglerDetected condition, Replace
 //   plan_scaling.cpp    a change of spec.replicas: in-place scale up or down, the Scaling condition
+//   plan_link.cpp       the LinkBound condition: the sync rounds' share of the time, and the fix
 // Internal to the controller; nothing outside plan*.cpp includes it.
 #pragma once
 
@@ -89,6 +90,9 @@ class Planner {
   void mergeTelemetry();
   void replaceStraggler(const ObservedPod& p, const std::string& reportedNode);
   void avoidNode(int rank, const std::string& node);
+
+  // plan_link.cpp: is the sync group's link the bottleneck
+  void planLink();
 
   const PlanInput& in_;
   json st_;

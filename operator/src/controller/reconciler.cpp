@@ -169,7 +169,7 @@ TelemetryView Reconciler::telemetryView(const JobRef& job, const std::string& ph
   v.lastReportTime = log::rfc3339(static_cast<std::time_t>(snap->lastReportUnix));
   const double now = telemetry::unixNow();
   for (const auto& [rank, r] : snap->ranks)
-    v.ranks[rank] = {r.podUid, static_cast<long>(r.step), std::max(0.0, now - r.lastSeenUnix)};
+    v.ranks[rank] = {r.podUid, static_cast<long>(r.step), std::max(0.0, now - r.lastSeenUnix), r.local};
   if (auto r0 = snap->ranks.find(0); r0 != snap->ranks.end()) v.replicas = r0->second.replicas;
   v.hung = phase == "Running" && hub_.hung(job.meta.ns, job.meta.name, static_cast<double>(job.spec.hangTimeoutSeconds));
   return v;

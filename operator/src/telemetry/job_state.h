@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "link_advice.h"
+
 namespace edit::op::telemetry {
 
 struct CommSample {
@@ -39,6 +41,9 @@ struct Report {
   int restartGeneration = 0;
   int replicas = 0;        // replicas the worker's world has (0: a worker that does not say)
   bool heartbeat = false;  // a resend: the worker is alive, no new step
+  // The local phase so far (local_phase on the wire): localSteps, computeSeconds,
+  // blockedSeconds and rounds only.
+  LinkMeasurement local;
 };
 
 struct Progress {

@@ -90,7 +90,7 @@ std::optional<TelemetryHub::Snapshot> TelemetryHub::snapshot(const std::string& 
   s.stragglers = st.stragglers();
   s.lastReportUnix = st.lastReportTime();
   s.hasReports = st.hasReports();
-  for (const auto& [rank, rs] : st.ranks()) s.ranks[rank] = {rs.last.podUid, rs.last.step, rs.lastSeen, rs.last.replicas};
+  for (const auto& [rank, rs] : st.ranks()) s.ranks[rank] = {rs.last.podUid, rs.last.step, rs.lastSeen, rs.last.replicas, rs.last.local};
   return s;
 }
 
@@ -134,9 +134,12 @@ static std::string invalidReport(const pb::WorkerReport& r) {
   if (r.replicas() < 0 || r.replicas() > 4096) return "replicas out of range";
   if (r.step() < 0 || r.step() > kMaxSteps || r.total_steps() < 0 || r.total_steps() > kMaxSteps)
     return "step/total_steps out of range";
+  if (r.local_phase().steps() < 0 || r.local_phase().steps() > kMaxSteps || r.local_phase().rounds() > uint64_t(kMaxSteps))
+    return "local_phase steps/rounds out of range";
   if (r.pod().size() > 253 || r.node().size() > 253 || r.phase().size() > 32 || r.pod_uid().size() > 128)
     return "pod/pod_uid/node/phase too long";
-  for (double v : {r.step_seconds(), r.compute_seconds(), r.comm_wait_seconds(), r.sync_seconds(), r.unix_time()})
+  for (double v : {r.step_seconds(), r.compute_seconds(), r.comm_wait_seconds(), r.sync_seconds(), r.unix_time(),
+                   r.local_phase().compute_seconds(), r.local_phase().blocked_seconds()})
     if (!std::isfinite(v) || v < 0) return "timings must be finite and >= 0";
   if (r.comm_size() > 64) return "too many comm counters";
   for (const auto& c : r.comm())
@@ -183,6 +186,10 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
     rep.restartGeneration = r.restart_generation();
     rep.replicas = r.replicas();
     rep.heartbeat = r.heartbeat();
+    rep.local.localSteps = r.local_phase().steps();
+    rep.local.computeSeconds = r.local_phase().compute_seconds();
+    rep.local.blockedSeconds = r.local_phase().blocked_seconds();
+    rep.local.rounds = static_cast<int64_t>(r.local_phase().rounds());
     for (const auto& c : r.comm()) rep.comm.push_back({c.op(), c.group(), c.bytes(), c.wait_seconds()});
     job.state.add(rep, now);
     scores = job.state.scores();

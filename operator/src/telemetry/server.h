@@ -40,6 +40,7 @@ class TelemetryHub {
     int64_t step = 0;
     double lastSeenUnix = 0;  // when it arrived (heartbeats included)
     int replicas = 0;         // the replicas its world had (0: not said)
+    LinkMeasurement local;    // its local phase so far (measured fields only)
   };
   struct Snapshot {
     Progress progress;

@@ -178,12 +178,10 @@ int main(int argc, char** argv) {
   hooks.onStep = [&](const StepReport& r) {
     stepSecondsTotal += r.stepSeconds;
     syncWorkTotal += r.lastSyncDurationSeconds;
-    if (r.phase != "warmup") {
-      ++link.localSteps;
-      link.computeSeconds += r.computeSeconds;
-      link.blockedSeconds += std::max(0.0, r.stepSeconds - r.computeSeconds);
-      link.rounds += r.synced;
-    }
+    link.localSteps = r.local.localSteps;
+    link.computeSeconds = r.local.computeSeconds;
+    link.blockedSeconds = r.local.blockedSeconds;
+    link.rounds = r.local.rounds;
     if (metrics) metrics->update(r);
     if (telemetry) {
       if (r.step % std::max<int64_t>(1, cfg.telemetry.everySteps) == 0 || r.step == r.totalSteps)

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dist/comm_counts.h"
+#include "link_advice.h"
 
 namespace edit {
 
@@ -29,6 +30,10 @@ struct StepReport {
   double lr = 0;
   std::string phase;           // warmup | local | sync | checkpoint | done
   CommCounts comm;
+  // The local phase so far (the steps after a local mode's synchronous warm-up), for the
+  // link advice of edit-run and the operator: only localSteps, computeSeconds,
+  // blockedSeconds and rounds are filled. Cumulative for this process.
+  LinkMeasurement local;
 };
 
 }  // namespace edit

@@ -388,6 +388,11 @@ void TelemetryClient::send(const StepReport& r) {
   m.set_pseudo_grad_norm(r.pseudoGradNorm);
   m.set_step_seconds(r.stepSeconds);
   m.set_compute_seconds(r.computeSeconds);
+  auto* local = m.mutable_local_phase();
+  local->set_steps(r.local.localSteps);
+  local->set_compute_seconds(r.local.computeSeconds);
+  local->set_blocked_seconds(r.local.blockedSeconds);
+  local->set_rounds(r.local.rounds);
   m.set_comm_wait_seconds(r.commWaitSeconds);
   m.set_sync_seconds(r.lastSyncDurationSeconds);
   for (const auto& [key, c] : r.comm) {

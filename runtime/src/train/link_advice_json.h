@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/link_advice.h"
+#include "link_advice.h"
 
 namespace edit {
 

@@ -129,7 +129,8 @@ class Trainer {
   void endOnBudget(int64_t t);                  // A-EDiT's last round
   void finishStep(int64_t t, double t0, bool sync, const StepOutcome& out);
   void recordRound(const StepOutcome& out);     // a round's counters, skip streaks
-  StepReport stepReport(int64_t t, double t0, double wait0, double loss, const StepOutcome& out) const;
+  // Also adds the step to local_ (so: once per step).
+  StepReport stepReport(int64_t t, double t0, double wait0, double loss, const StepOutcome& out);
   double commWaitSeconds() const;
   void finalSync();
   void evaluateAndSaveFinal(TrainResult& result);
@@ -249,6 +250,7 @@ class Trainer {
   double localStepSeconds_ = 0;  // moving average of this rank's local step time (A-EDiT)
   uint64_t syncRounds_ = 0, anomalies_ = 0, tokens_ = 0;
   double lastPseudoGradNorm_ = 0;
+  LinkMeasurement local_;  // the local phase's totals (StepReport::local)
   std::vector<int64_t> skipStreak_;  // per unit: rounds in a row its outer step was skipped
   uint64_t outerSkips_ = 0;
   // Replica-steps of the whole job agreed at the last control exchange, and this rank's

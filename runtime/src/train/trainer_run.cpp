@@ -181,7 +181,7 @@ double Trainer::commWaitSeconds() const {
   return w;
 }
 
-StepReport Trainer::stepReport(int64_t t, double t0, double wait0, double loss, const StepOutcome& out) const {
+StepReport Trainer::stepReport(int64_t t, double t0, double wait0, double loss, const StepOutcome& out) {
   StepReport r;
   r.rank = mesh_.rank;
   r.replica = comm_->replica();
@@ -205,6 +205,13 @@ StepReport Trainer::stepReport(int64_t t, double t0, double wait0, double loss, 
   r.pseudoGradNorm = lastPseudoGradNorm_;
   r.lr = lrAt(t);
   r.phase = !isLocalMode() ? "sync" : synchronousAt(t) ? "warmup" : (out.synced ? "sync" : "local");
+  if (isLocalMode() && r.phase != "warmup") {
+    ++local_.localSteps;
+    local_.computeSeconds += r.computeSeconds;
+    local_.blockedSeconds += std::max(0.0, r.stepSeconds - r.computeSeconds);
+    local_.rounds += r.synced;
+  }
+  r.local = local_;
   return r;
 }
 

@@ -2,7 +2,7 @@
 // blocked share under the target by the share's own definition, recomputed here.
 #include <gtest/gtest.h>
 
-#include "train/link_advice.h"
+#include "link_advice.h"
 #include "train/link_advice_json.h"
 
 namespace edit {

@@ -1,4 +1,4 @@
-#include "train/link_advice.h"
+#include "link_advice.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,0 +1,46 @@
+// The planner's link policy: is the sync group's link the job's bottleneck, and which
+// setting would fix it? Every worker reports its local phase so far (compute seconds,
+// seconds blocked in collectives, sync rounds). The rank that waited least per round
+// waited for the exchange alone, not for a straggler (common/src/link_advice.h), so its
+// numbers give one round's cost R and one local step's compute c. The blocked share
+// R / (tau c + R) over 20% sets the condition LinkBound with the tau (a-edit: syncSeconds),
+// codec or overlapSteps that would bring it under, the same advice edit-run prints after a
+// local run (docs/algorithm.md, "Choosing tau and overlapSteps for a slow link").
+#include "controller/desired.h"
+#include "controller/planner.h"
+#include "link_advice.h"
+#include "modes.h"
+#include "worker_config.h"
+
+namespace edit::op::controller {
+
+void Planner::planLink() {
+  const auto& t = in_.telemetry;
+  if (!t.present || !spec_ || !edit::hasLocalPhases(spec_->mode())) return;
+  std::vector<LinkMeasurement> ranks;
+  for (const auto& [rank, r] : t.ranks) ranks.push_back(r.local);
+  LinkMeasurement m = leastBlocked(ranks);
+  if (m.rounds < 3) return;  // too few rounds to say (adviseLink's own floor)
+  // The settings the workers run with, defaults included: their own config file.
+  const WorkerConfig cfg = edit::parseConfig(workerConfigYaml(JobRef{in_.meta, running_}));
+  m.mode = cfg.algorithm.mode;
+  m.syncInterval = cfg.algorithm.syncInterval;
+  m.syncSeconds = cfg.algorithm.syncSeconds;
+  m.compression = cfg.algorithm.syncCompression;
+  m.overlapSteps = cfg.algorithm.overlapSteps;
+  m.overlapAllowed = spec_->gpusPerWorker == 0;  // NCCL refuses overlapSteps
+  const LinkAdvice a = adviseLink(m);
+  if (!a.text.empty()) {
+    const bool fresh = !conditionTrue(st_, "LinkBound");
+    std::string msg = a.text;
+    msg[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(msg[0])));
+    cond("LinkBound", "True", "SyncRoundsBlockTraining", msg);
+    if (fresh) event("Warning", "LinkBound", msg);
+  } else if (conditionTrue(st_, "LinkBound")) {
+    cond("LinkBound", "False", "LinkKeepsUp",
+         "the sync rounds blocked training " + std::to_string(static_cast<int>(100 * a.blockedShare + 0.5)) +
+             "% of the local phase, under 20%");
+  }
+}
+
+}  // namespace edit::op::controller

@@ -163,9 +163,38 @@ def check_examples(schema, problems):
     print(f"{count} example EDiTJob(s) validated")
 
 
+def condition_types():
+    """The condition types the operator sets, read from its source (the planner's cond(...),
+    the export policy's setCondition(...))."""
+    types = set()
+    for f in (ROOT / "operator" / "src").rglob("*.cpp"):
+        text = f.read_text()
+        types |= set(re.findall(r'\bcond\("([A-Z][A-Za-z]+)",\s*"(?:True|False|Unknown)"', text))
+        types |= set(re.findall(r'setCondition\([^,()]+,\s*"([A-Z][A-Za-z]+)"', text))
+    return types
+
+
+def check_condition_types(crd, problems):
+    """Every condition type the operator sets is named where users look it up: the CRD's
+    status.conditions descriptions (kubectl explain) and operator/README.md."""
+    types = condition_types()
+    if len(types) < 10:
+        problems.append(f"found only {sorted(types)} in operator/src: has cond(...) changed?")
+    conds = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
+    places = {"CRD status.conditions description": conds["description"],
+              "CRD status.conditions[].type description": conds["items"]["properties"]["type"]["description"],
+              "operator/README.md": (ROOT / "operator" / "README.md").read_text()}
+    for where, text in places.items():
+        missing = sorted(t for t in types if not re.search(r"\b%s\b" % t, text))
+        if missing:
+            problems.append(f"{where} does not name the condition type(s) {missing}")
+
+
 def main():
     problems = []
-    schema = check_crd(load_yaml(CRD), problems)
+    crd = load_yaml(CRD)
+    schema = check_crd(crd, problems)
+    check_condition_types(crd, problems)
     check_examples(schema, problems)
     fail(problems, "crd")
 

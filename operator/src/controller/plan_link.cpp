@@ -6,6 +6,8 @@
 // R / (tau c + R) over 20% sets the condition LinkBound with the tau (a-edit: syncSeconds),
 // codec or overlapSteps that would bring it under, the same advice edit-run prints after a
 // local run (docs/algorithm.md, "Choosing tau and overlapSteps for a slow link").
+#include <cctype>
+
 #include "controller/desired.h"
 #include "controller/planner.h"
 #include "link_advice.h"
@@ -22,7 +24,7 @@ void Planner::planLink() {
   LinkMeasurement m = leastBlocked(ranks);
   if (m.rounds < 3) return;  // too few rounds to say (adviseLink's own floor)
   // The settings the workers run with, defaults included: their own config file.
-  const WorkerConfig cfg = edit::parseConfig(workerConfigYaml(JobRef{in_.meta, running_}));
+  const edit::Config cfg = edit::parseConfig(workerConfigYaml(JobRef{in_.meta, running_}));
   m.mode = cfg.algorithm.mode;
   m.syncInterval = cfg.algorithm.syncInterval;
   m.syncSeconds = cfg.algorithm.syncSeconds;

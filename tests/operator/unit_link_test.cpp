@@ -1,0 +1,115 @@
+// The planner's link policy (plan_link.cpp): the condition LinkBound from the workers'
+// local-phase telemetry. The expected tau is computed here from the blocked share's
+// definition, R / (tau c + R) <= 20%, not taken from the code under test.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "plan_fixtures.h"
+
+using namespace edit::op::controller;
+using namespace edit::op::controller::plantest;
+
+namespace {
+
+// A running 2 x 1 job whose ranks report their local phase: `rounds` rounds, `steps`
+// local steps of `c` seconds of compute, and `blocked[r]` seconds blocked in all.
+PlanInput runningWith(json spec, const std::vector<double>& blocked, double c = 0.1, long steps = 160,
+                      long rounds = 10, json status = json::object()) {
+  if (status.empty()) status = {{"phase", "Running"}};
+  PlanInput in = input(spec, status);
+  in.pods = {pod(0, "Running"), pod(1, "Running")};
+  in.telemetry.present = true;
+  for (int r = 0; r < static_cast<int>(blocked.size()); ++r) {
+    TelemetryView::RankReport rep;
+    rep.podUid = "uid-" + std::to_string(r) + "-0";
+    rep.step = steps;
+    rep.local.localSteps = steps;
+    rep.local.computeSeconds = c * static_cast<double>(steps);
+    rep.local.blockedSeconds = blocked[r];
+    rep.local.rounds = rounds;
+    in.telemetry.ranks[r] = rep;
+  }
+  return in;
+}
+
+std::string condMessage(const json& st, const std::string& type) {
+  const json* c = findCondition(st, type);
+  return c ? c->value("message", "") : "";
+}
+
+// The smallest tau with R / (tau c + R) <= 0.2.
+long tauFor(double R, double c) {
+  long tau = 1;
+  while (R / (static_cast<double>(tau) * c + R) > 0.2 + 1e-12) ++tau;
+  return tau;
+}
+
+}  // namespace
+
+TEST(LinkPolicy, ABlockedLinkSetsLinkBoundWithTheTauThatFixesIt) {
+  // Rank 0 waited 1.0 s per round, rank 1 (a straggler's peer) 1.5 s: the link costs
+  // what rank 0 waited. Share 10 / (16 + 10) = 38%.
+  Plan p = planReconcile(runningWith({}, {10.0, 15.0}));
+  EXPECT_EQ(condStatus(p.status, "LinkBound"), "True");
+  EXPECT_EQ(condReason(p.status, "LinkBound"), "SyncRoundsBlockTraining");
+  const std::string msg = condMessage(p.status, "LinkBound");
+  EXPECT_NE(msg.find("blocked training 38%"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("1.00 s per round"), std::string::npos) << msg;
+  const long tau = tauFor(1.0, 0.1);
+  EXPECT_EQ(tau, 40);
+  EXPECT_NE(msg.find("algorithm.syncInterval >= " + std::to_string(tau) + " (now 16)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("syncCompression=int8"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("algorithm.overlapSteps >= 10"), std::string::npos) << msg;  // R / c steps hide a round
+  EXPECT_TRUE(hasEvent(p, "Warning", "LinkBound"));
+
+  // The next reconcile keeps it without a second event.
+  Plan again = planReconcile(runningWith({}, {10.0, 15.0}, 0.1, 160, 10, p.status));
+  EXPECT_EQ(condStatus(again.status, "LinkBound"), "True");
+  EXPECT_FALSE(hasEvent(again, "Warning", "LinkBound"));
+
+  // The link keeps up again (e.g. a resume with a larger tau): False, with the share.
+  Plan ok = planReconcile(runningWith({}, {2.0, 3.0}, 0.1, 160, 10, again.status));
+  EXPECT_EQ(condStatus(ok.status, "LinkBound"), "False");
+  EXPECT_EQ(condReason(ok.status, "LinkBound"), "LinkKeepsUp");
+  EXPECT_NE(condMessage(ok.status, "LinkBound").find("11%"), std::string::npos) << condMessage(ok.status, "LinkBound");
+}
+
+TEST(LinkPolicy, TheAdviceUsesTheJobsOwnSettings) {
+  // tau 32 and int8 from the spec: the message says "now 32" and suggests int4.
+  json spec = {{"algorithm", {{"syncInterval", 32}, {"syncCompression", "int8"}}}};
+  Plan p = planReconcile(runningWith(spec, {10.0, 10.0}, 0.02, 320, 10));  // share 10 / 16.4 = 61%
+  const std::string msg = condMessage(p.status, "LinkBound");
+  EXPECT_NE(msg.find("algorithm.syncInterval >= " + std::to_string(tauFor(1.0, 0.02)) + " (now 32)"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("syncCompression=int4"), std::string::npos) << msg;
+
+  // A-EDiT: the window, not tau.
+  Plan a = planReconcile(runningWith({{"algorithm", {{"mode", "a-edit"}, {"syncSeconds", 2.0}}}}, {10.0, 10.0}));
+  EXPECT_NE(condMessage(a.status, "LinkBound").find("algorithm.syncSeconds >= 4.0 (now 2.0)"), std::string::npos)
+      << condMessage(a.status, "LinkBound");
+
+  // GPU workers run NCCL, which refuses overlapSteps: no such hint.
+  Plan g = planReconcile(runningWith({{"gpusPerWorker", 1}}, {10.0, 10.0}));
+  EXPECT_EQ(condStatus(g.status, "LinkBound"), "True");
+  EXPECT_EQ(condMessage(g.status, "LinkBound").find("algorithm.overlapSteps"), std::string::npos)
+      << condMessage(g.status, "LinkBound");
+}
+
+TEST(LinkPolicy, NothingToSayWithoutEnoughRoundsForDdpOrUnderTheTarget) {
+  EXPECT_EQ(findCondition(planReconcile(runningWith({}, {10.0, 10.0}, 0.1, 160, 2)).status, "LinkBound"), nullptr);
+  EXPECT_EQ(findCondition(planReconcile(runningWith({{"algorithm", {{"mode", "ddp"}}}}, {10.0, 10.0})).status,
+                          "LinkBound"),
+            nullptr);
+  EXPECT_EQ(findCondition(planReconcile(runningWith({}, {2.0, 2.0})).status, "LinkBound"), nullptr);
+  // Still in the warm-up: no local steps yet.
+  EXPECT_EQ(findCondition(planReconcile(runningWith({}, {0.0, 0.0}, 0.1, 0, 0)).status, "LinkBound"), nullptr);
+}
+
+TEST(LinkPolicy, AFinishedJobKeepsTheVerdictForTheNextRun) {
+  PlanInput in = runningWith({}, {10.0, 12.0});
+  in.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Succeeded", 0, 0)};
+  Plan p = planReconcile(in);
+  EXPECT_EQ(p.status["phase"], "Succeeded");
+  EXPECT_EQ(condStatus(p.status, "LinkBound"), "True");
+}

@@ -34,6 +34,22 @@ class KubectlFlow(Base):
         st = job["status"]
         self.assertEqual(st["phase"], "Succeeded", st)
         self.assertEqual(st["progress"]["step"], 60, st)
+        # status.link: the sync rounds' cost, from the workers' local-phase reports (13 rounds
+        # after the 8-step warm-up at tau 4); LinkBound says whether it is over 20%.
+        link = st.get("link")
+        self.assertIsNotNone(link, st)
+        self.assertIn(link["rank"], range(4), link)
+        self.assertGreaterEqual(link["rounds"], 3, link)
+        self.assertLessEqual(link["localSteps"], 60 - 8, link)
+        blocked = link["roundSeconds"] * link["rounds"]
+        self.assertAlmostEqual(blocked / (blocked + link["stepSeconds"] * link["localSteps"]), link["blockedShare"],
+                               delta=0.01, msg=link)
+        bound = [c for c in st["conditions"] if c["type"] == "LinkBound" and c["status"] == "True"]
+        if bound:
+            self.assertGreaterEqual(link["blockedShare"], 0.2, (link, bound))
+            self.assertIn("algorithm.syncInterval >= ", bound[0]["message"])
+        else:
+            self.assertLessEqual(link["blockedShare"], 0.2, (link, st["conditions"]))
 
         # kubectl get ej: the CRD's printer columns carry step, loss and tokens/s.
         out = self.c.kubectl("get", "ej", "-n", self.ns).stdout

@@ -62,6 +62,15 @@ TEST(LinkPolicy, ABlockedLinkSetsLinkBoundWithTheTauThatFixesIt) {
   EXPECT_NE(msg.find("syncCompression=int8"), std::string::npos) << msg;
   EXPECT_NE(msg.find("algorithm.overlapSteps >= 10"), std::string::npos) << msg;  // R / c steps hide a round
   EXPECT_TRUE(hasEvent(p, "Warning", "LinkBound"));
+  // status.link: the measurement of rank 0, the one that waited least.
+  EXPECT_EQ(p.status["link"]["rank"], 0);
+  EXPECT_DOUBLE_EQ(p.status["link"]["blockedShare"].get<double>(), std::round(1e4 * 10.0 / 26.0) / 1e4);
+  EXPECT_DOUBLE_EQ(p.status["link"]["roundSeconds"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(p.status["link"]["stepSeconds"].get<double>(), 0.1);
+  EXPECT_EQ(p.status["link"]["rounds"], 10);
+  EXPECT_EQ(p.status["link"]["localSteps"], 160);
+  // The other way round, rank 1 is measured.
+  EXPECT_EQ(planReconcile(runningWith({}, {15.0, 10.0})).status["link"]["rank"], 1);
 
   // The next reconcile keeps it without a second event.
   Plan again = planReconcile(runningWith({}, {10.0, 15.0}, 0.1, 160, 10, p.status));
@@ -101,7 +110,9 @@ TEST(LinkPolicy, NothingToSayWithoutEnoughRoundsForDdpOrUnderTheTarget) {
   EXPECT_EQ(findCondition(planReconcile(runningWith({{"algorithm", {{"mode", "ddp"}}}}, {10.0, 10.0})).status,
                           "LinkBound"),
             nullptr);
-  EXPECT_EQ(findCondition(planReconcile(runningWith({}, {2.0, 2.0})).status, "LinkBound"), nullptr);
+  Plan under = planReconcile(runningWith({}, {2.0, 2.0}));
+  EXPECT_EQ(findCondition(under.status, "LinkBound"), nullptr);
+  EXPECT_DOUBLE_EQ(under.status["link"]["blockedShare"].get<double>(), std::round(1e4 * 2.0 / 18.0) / 1e4);  // shown anyway
   // Still in the warm-up: no local steps yet.
   EXPECT_EQ(findCondition(planReconcile(runningWith({}, {0.0, 0.0}, 0.1, 0, 0)).status, "LinkBound"), nullptr);
 }

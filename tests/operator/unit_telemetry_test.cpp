@@ -1,6 +1,8 @@
 // Telemetry math on synthetic reports: straggler scores, progress, tokens/s, hang; the
 // hub's token check and command delivery; metric series lifecycle.
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <prometheus/text_serializer.h>
 
 #include "metrics/metrics.h"
@@ -281,6 +283,37 @@ TEST(Hub, ScaleCommandsAndRanksThatLeft) {
   edit::v1alpha1::WorkerReport bad = wireReport(0);
   bad.set_replicas(5000);
   EXPECT_EQ(hub.accept(bad, &cmds).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// The local phase a worker reports reaches the planner's view (condition LinkBound); a
+// negative, NaN or out-of-range one is refused with the field named.
+TEST(Hub, LocalPhaseReachesTheSnapshotAndIsChecked) {
+  TelemetryHub hub(nullptr);
+  hub.registerJob("ns", "j", "t", {}, 0);
+  edit::v1alpha1::WorkerReport r = wireReport(1);
+  r.set_step(40);
+  auto* local = r.mutable_local_phase();
+  local->set_steps(32);
+  local->set_compute_seconds(3.2);
+  local->set_blocked_seconds(1.5);
+  local->set_rounds(2);
+  std::vector<edit::v1alpha1::Command> cmds;
+  ASSERT_TRUE(hub.accept(r, &cmds).ok());
+  const auto& got = hub.snapshot("ns", "j")->ranks.at(1).local;
+  EXPECT_EQ(got.localSteps, 32);
+  EXPECT_DOUBLE_EQ(got.computeSeconds, 3.2);
+  EXPECT_DOUBLE_EQ(got.blockedSeconds, 1.5);
+  EXPECT_EQ(got.rounds, 2);
+
+  for (int k = 0; k < 3; ++k) {
+    edit::v1alpha1::WorkerReport bad = r;
+    if (k == 0) bad.mutable_local_phase()->set_blocked_seconds(-1);
+    if (k == 1) bad.mutable_local_phase()->set_compute_seconds(std::nan(""));
+    if (k == 2) bad.mutable_local_phase()->set_steps(-5);
+    const grpc::Status st = hub.accept(bad, &cmds);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << k;
+    EXPECT_NE(st.error_message().find(k == 2 ? "local_phase" : "timings"), std::string::npos) << st.error_message();
+  }
 }
 
 // Only the leader takes reports: a replica that does not lead tells workers to retry.

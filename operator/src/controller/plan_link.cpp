@@ -6,7 +6,9 @@
 // R / (tau c + R) over 20% sets the condition LinkBound with the tau (a-edit: syncSeconds),
 // codec or overlapSteps that would bring it under, the same advice edit-run prints after a
 // local run (docs/algorithm.md, "Choosing tau and overlapSteps for a slow link").
+// status.link shows the measurement itself from 3 rounds on, over the target or not.
 #include <cctype>
+#include <cmath>
 
 #include "controller/desired.h"
 #include "controller/planner.h"
@@ -23,15 +25,30 @@ void Planner::planLink() {
   for (const auto& [rank, r] : t.ranks) ranks.push_back(r.local);
   LinkMeasurement m = leastBlocked(ranks);
   if (m.rounds < 3) return;  // too few rounds to say (adviseLink's own floor)
-  // The settings the workers run with, defaults included: their own config file.
-  const edit::Config cfg = edit::parseConfig(workerConfigYaml(JobRef{in_.meta, running_}));
-  m.mode = cfg.algorithm.mode;
-  m.syncInterval = cfg.algorithm.syncInterval;
-  m.syncSeconds = cfg.algorithm.syncSeconds;
-  m.compression = cfg.algorithm.syncCompression;
-  m.overlapSteps = cfg.algorithm.overlapSteps;
-  m.overlapAllowed = spec_->gpusPerWorker == 0;  // NCCL refuses overlapSteps
-  const LinkAdvice a = adviseLink(m);
+  int measured = 0;
+  for (const auto& [rank, r] : t.ranks)
+    if (r.local.blockedSeconds == m.blockedSeconds && r.local.rounds == m.rounds) measured = rank;
+  m.mode = std::string(spec_->mode());
+  LinkAdvice a = adviseLink(m);
+  if (!a.text.empty()) {
+    // The settings the workers run with, defaults included (their own config file), for
+    // the advice's wording. Parsed only for a job over the target: it costs 8x the rest
+    // of a reconcile's planning.
+    const edit::Config cfg = edit::parseConfig(workerConfigYaml(JobRef{in_.meta, running_}));
+    m.syncInterval = cfg.algorithm.syncInterval;
+    m.syncSeconds = cfg.algorithm.syncSeconds;
+    m.compression = cfg.algorithm.syncCompression;
+    m.overlapSteps = cfg.algorithm.overlapSteps;
+    m.overlapAllowed = spec_->gpusPerWorker == 0;  // NCCL refuses overlapSteps
+    a = adviseLink(m);
+  }
+  auto round4 = [](double v) { return std::round(v * 1e4) / 1e4; };
+  st_["link"] = {{"rank", measured},
+                 {"blockedShare", round4(a.blockedShare)},
+                 {"roundSeconds", round4(a.roundSeconds)},
+                 {"stepSeconds", round4(a.stepSeconds)},
+                 {"rounds", m.rounds},
+                 {"localSteps", m.localSteps}};
   if (!a.text.empty()) {
     const bool fresh = !conditionTrue(st_, "LinkBound");
     std::string msg = a.text;

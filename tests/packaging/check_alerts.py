@@ -38,7 +38,7 @@ def bare_counters(expr):
         stripped = re.sub(r"\b%s\s*\([^()]*\)" % fn, " ", stripped)
     return sorted(n for n in metric_names_in(stripped) if n.endswith("_total"))
 
-ALERTS_WANTED = {"EDiTWorkerStraggler", "EDiTJobHung", "EDiTHighCommWait", "EDiTJobRestartLoop",
+ALERTS_WANTED = {"EDiTWorkerStraggler", "EDiTJobHung", "EDiTHighCommWait", "EDiTJobRestartLoop", "EDiTJobLinkBound",
                  "EDiTOperatorReconcileErrors", "EDiTOperatorDown", "EDiTNoLeader"}
 SEVERITIES = {"info", "warning", "critical"}
 

@@ -249,6 +249,8 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
   metrics_.setJobRestarts(ns, name, st.value("restarts", 0));
   metrics_.setJobReplicaRecoveries(ns, name, st.value("replicaRecoveries", 0));
   if (job) metrics_.setJobReplicas(ns, name, plan.replicas);
+  if (job && plan.status.contains("link") && plan.status["link"].is_object())
+    metrics_.setJobSyncBlocked(ns, name, plan.status["link"].value("blockedShare", 0.0));
   for (const auto& ev : plan.events) events_.record(*jobObj, ev.type, ev.reason, ev.message);
 
   for (const auto& [rank, node] : plan.replacedRanks) hub_.resetRank(ns, name, rank);

@@ -22,6 +22,7 @@ Metrics::Metrics()
       jobRestarts_(BuildCounter().Name("edit_job_restarts_total").Help("Gang restarts of the job.").Register(*registry_)),
       jobRecoveries_(BuildCounter().Name("edit_job_replica_recoveries_total").Help("In-place recoveries of the job: failed workers replaced without a gang restart.").Register(*registry_)),
       jobReplicas_(BuildGauge().Name("edit_job_replicas").Help("Model replicas the job trains with now (status.replicas); changes when it scales in place.").Register(*registry_)),
+      jobSyncBlocked_(BuildGauge().Name("edit_job_sync_blocked_ratio").Help("Share of the local phase the sync rounds blocked training, on the rank that waited least (status.link.blockedShare; condition LinkBound above 0.2).").Register(*registry_)),
       reconcileTotal_(BuildCounter().Name("edit_operator_reconcile_total").Help("Reconciliations by result.").Register(*registry_)),
       reconcileSeconds_(BuildHistogram().Name("edit_operator_reconcile_seconds").Help("Duration of reconciliations in seconds.").Register(*registry_)),
       reconcileHist_(&reconcileSeconds_.Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
@@ -158,6 +159,13 @@ void Metrics::setJobReplicas(const std::string& ns, const std::string& job, doub
   jobLocked(ns, job).replicas->Set(replicas);
 }
 
+void Metrics::setJobSyncBlocked(const std::string& ns, const std::string& job, double share) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& s = jobLocked(ns, job);
+  if (!s.syncBlocked) s.syncBlocked = &jobSyncBlocked_.Add({{"namespace", ns}, {"job", job}});
+  s.syncBlocked->Set(share);
+}
+
 void Metrics::removeWorker(const std::string& ns, const std::string& job, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(RankKey{ns, job, rank});
@@ -192,6 +200,7 @@ void Metrics::removeJob(const std::string& ns, const std::string& job) {
   jobRestarts_.Remove(s.restarts);
   jobRecoveries_.Remove(s.recoveries);
   jobReplicas_.Remove(s.replicas);
+  if (s.syncBlocked) jobSyncBlocked_.Remove(s.syncBlocked);
   for (auto& [p, g] : s.phases) jobPhase_.Remove(g);
   jobs_.erase(it);
 }

@@ -51,6 +51,9 @@ class Metrics {
   void setJobReplicaRecoveries(const std::string& ns, const std::string& job, double total);
   // Replicas training now (status.replicas): changes when the job scales in place.
   void setJobReplicas(const std::string& ns, const std::string& job, double replicas);
+  // status.link.blockedShare: the series exists only once the job has measured it (a
+  // zero before that would read as "never blocked").
+  void setJobSyncBlocked(const std::string& ns, const std::string& job, double share);
   // A worker that left the job (a scale-down): its series go.
   void removeWorker(const std::string& ns, const std::string& job, int rank);
   void removeJob(const std::string& ns, const std::string& job);
@@ -90,6 +93,7 @@ class Metrics {
     prometheus::Counter* recoveries;
     double recoveriesSeen = 0;
     prometheus::Gauge* replicas;
+    prometheus::Gauge* syncBlocked = nullptr;  // added by setJobSyncBlocked
   };
   void removeWorkerLocked(WorkerSeries& s);
   JobSeries& jobLocked(const std::string& ns, const std::string& job);
@@ -113,6 +117,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& jobRestarts_;
   prometheus::Family<prometheus::Counter>& jobRecoveries_;
   prometheus::Family<prometheus::Gauge>& jobReplicas_;
+  prometheus::Family<prometheus::Gauge>& jobSyncBlocked_;
   prometheus::Family<prometheus::Counter>& reconcileTotal_;
   prometheus::Family<prometheus::Histogram>& reconcileSeconds_;
   prometheus::Histogram* reconcileHist_;

@@ -372,3 +372,16 @@ TEST(Metrics, PhaseIsOneHotAndOperatorSeriesExist) {
                            "edit_operator_jobs_failed_total", "edit_operator_jobs_restarted_total", "edit_operator_leader"})
     EXPECT_NE(text.find(name), std::string::npos) << name;
 }
+
+// The job's sync-blocked share has no series until it is measured (a 0 would read as
+// "never blocked"), follows status.link, and goes with the job.
+TEST(Metrics, SyncBlockedRatioExistsOnlyOnceMeasured) {
+  metrics::Metrics m;
+  m.setJobPhase("ns", "j", "Running");
+  EXPECT_EQ(scrape(m).find("edit_job_sync_blocked_ratio{"), std::string::npos);
+  m.setJobSyncBlocked("ns", "j", 0.375);
+  EXPECT_NE(scrape(m).find("edit_job_sync_blocked_ratio{job=\"j\",namespace=\"ns\"} 0.375"), std::string::npos)
+      << scrape(m);
+  m.removeJob("ns", "j");
+  EXPECT_EQ(scrape(m).find("edit_job_sync_blocked_ratio{"), std::string::npos);
+}

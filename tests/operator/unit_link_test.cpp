@@ -71,6 +71,11 @@ TEST(LinkPolicy, ABlockedLinkSetsLinkBoundWithTheTauThatFixesIt) {
   EXPECT_EQ(p.status["link"]["localSteps"], 160);
   // The other way round, rank 1 is measured.
   EXPECT_EQ(planReconcile(runningWith({}, {15.0, 10.0})).status["link"]["rank"], 1);
+  // A replacement that joined two rounds ago (blocked little so far) is not measured.
+  PlanInput joined = runningWith({}, {10.0, 15.0});
+  joined.telemetry.ranks[1].local.rounds = 2;
+  joined.telemetry.ranks[1].local.blockedSeconds = 0.2;
+  EXPECT_EQ(planReconcile(joined).status["link"]["rank"], 0);
 
   // The next reconcile keeps it without a second event.
   Plan again = planReconcile(runningWith({}, {10.0, 15.0}, 0.1, 160, 10, p.status));

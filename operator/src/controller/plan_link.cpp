@@ -21,10 +21,13 @@ namespace edit::op::controller {
 void Planner::planLink() {
   const auto& t = in_.telemetry;
   if (!t.present || !spec_ || !edit::hasLocalPhases(spec_->mode())) return;
+  // Ranks with fewer than 3 rounds (adviseLink's own floor) say too little: a replacement
+  // that joined by in-place recovery, a new replica, starts its count at zero.
   std::vector<LinkMeasurement> ranks;
-  for (const auto& [rank, r] : t.ranks) ranks.push_back(r.local);
+  for (const auto& [rank, r] : t.ranks)
+    if (r.local.rounds >= 3) ranks.push_back(r.local);
   LinkMeasurement m = leastBlocked(ranks);
-  if (m.rounds < 3) return;  // too few rounds to say (adviseLink's own floor)
+  if (m.rounds < 3) return;
   int measured = 0;
   for (const auto& [rank, r] : t.ranks)
     if (r.local.blockedSeconds == m.blockedSeconds && r.local.rounds == m.rounds) measured = rank;

@@ -19,8 +19,9 @@ struct LinkMeasurement {
   int64_t overlapSteps = 0;
   bool overlapAllowed = true;   // false where the run refuses overlapSteps (NCCL)
   int64_t localSteps = 0;       // steps after the synchronous warm-up
-  double computeSeconds = 0;    // of those steps, not blocked in collectives
-  double blockedSeconds = 0;    // of those steps, blocked in collectives
+  double computeSeconds = 0;    // of those steps, not blocked across replicas (a replica's
+                                // own shard-group collectives count here: they come every step)
+  double blockedSeconds = 0;    // of those steps, blocked on the groups that span replicas
   int64_t rounds = 0;           // sync rounds in those steps
 };
 

@@ -32,7 +32,9 @@ struct StepReport {
   CommCounts comm;
   // The local phase so far (the steps after a local mode's synchronous warm-up), for the
   // link advice of edit-run and the operator: only localSteps, computeSeconds,
-  // blockedSeconds and rounds are filled. Cumulative for this process.
+  // blockedSeconds and rounds are filled. Cumulative for this process. Blocked = waits on
+  // the groups that span replicas (sync, world); a replica's own shard-group collectives
+  // come every step, so they count with its compute.
   LinkMeasurement local;
 };
 

@@ -251,6 +251,7 @@ class Trainer {
   uint64_t syncRounds_ = 0, anomalies_ = 0, tokens_ = 0;
   double lastPseudoGradNorm_ = 0;
   LinkMeasurement local_;  // the local phase's totals (StepReport::local)
+  double crossReplicaWaitSeen_ = 0;  // sync and world groups' wait at the last report
   std::vector<int64_t> skipStreak_;  // per unit: rounds in a row its outer step was skipped
   uint64_t outerSkips_ = 0;
   // Replica-steps of the whole job agreed at the last control exchange, and this rank's

@@ -205,10 +205,18 @@ StepReport Trainer::stepReport(int64_t t, double t0, double wait0, double loss, 
   r.pseudoGradNorm = lastPseudoGradNorm_;
   r.lr = lrAt(t);
   r.phase = !isLocalMode() ? "sync" : synchronousAt(t) ? "warmup" : (out.synced ? "sync" : "local");
+  // The link advice's R is what the rounds cost across replicas (the sync and world
+  // groups); a replica's own ZeRO-3 gathers and reductions (the shard group) come every
+  // step whatever tau is, so they count as the step's cost c, not as R.
+  double crossReplicaWait = 0;
+  for (const auto& [k, c] : r.comm)
+    if (k.second != groupName(Group::Shard)) crossReplicaWait += c.waitSeconds;
+  const double stepCrossWait = std::max(0.0, crossReplicaWait - crossReplicaWaitSeen_);
+  crossReplicaWaitSeen_ = crossReplicaWait;
   if (isLocalMode() && r.phase != "warmup") {
     ++local_.localSteps;
-    local_.computeSeconds += r.computeSeconds;
-    local_.blockedSeconds += std::max(0.0, r.stepSeconds - r.computeSeconds);
+    local_.computeSeconds += std::max(0.0, r.stepSeconds - stepCrossWait);
+    local_.blockedSeconds += stepCrossWait;
     local_.rounds += r.synced;
   }
   r.local = local_;

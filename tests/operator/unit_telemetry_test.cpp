@@ -299,7 +299,9 @@ TEST(Hub, LocalPhaseReachesTheSnapshotAndIsChecked) {
   local->set_rounds(2);
   std::vector<edit::v1alpha1::Command> cmds;
   ASSERT_TRUE(hub.accept(r, &cmds).ok());
-  const auto& got = hub.snapshot("ns", "j")->ranks.at(1).local;
+  const auto snap = hub.snapshot("ns", "j");
+  ASSERT_TRUE(snap);
+  const auto& got = snap->ranks.at(1).local;
   EXPECT_EQ(got.localSteps, 32);
   EXPECT_DOUBLE_EQ(got.computeSeconds, 3.2);
   EXPECT_DOUBLE_EQ(got.blockedSeconds, 1.5);

@@ -246,7 +246,7 @@ int main(int argc, char** argv) {
               {"params", parameterCount(shapeOf(cfg.model))},
               {"flops_per_token", flopsPerToken(shapeOf(cfg.model), cfg.data.seqLen)},
               {"step_seconds_total", stepSecondsTotal}, {"sync_work_seconds", syncWorkTotal},
-              // The local phase's time, for edit-run's advice on a slow link (train/link_advice.h).
+              // The local phase's time, for edit-run's advice on a slow link (common/src/link_advice.h).
               {"link", link},
               {"device", "cpu"}};
 #ifdef EDIT_WITH_CUDA

@@ -1,4 +1,4 @@
-// adviseLink (train/link_advice.h): the tau, window, codec and overlap it suggests keep the
+// adviseLink (common/src/link_advice.h): the tau, window, codec and overlap it suggests keep the
 // blocked share under the target by the share's own definition, recomputed here.
 #include <gtest/gtest.h>
 

@@ -105,6 +105,9 @@ def main():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--H", type=int, default=16, help="sync interval of edit and diloco")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--attention-ab", action="store_true",
+                   help="also run ours with EDIT_ATTENTION=aten (LibTorch ops instead of the fused "
+                        "CPU attention kernel) in the same alternation: before/after in one run")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat()))
     a = p.parse_args()
     if not os.path.exists(a.peer):
@@ -121,10 +124,13 @@ def main():
         m = MODELS[name]
         rate = gemm_rate(a.gemm_bin, m, a.batch * a.seq, a.seq, env) if os.path.exists(a.gemm_bin) else 0
         for ours_mode, peer_mode in (("ddp", "ddp"), ("edit", "diloco")):
-            ours, peer = [], []
+            ours, aten, peer = [], [], []
             for rep in range(a.reps):
                 log(f"{name}: edit-run {ours_mode} ({rep + 1}/{a.reps})")
                 ours.append(run_ours(a, m, ours_mode, env))
+                if a.attention_ab:
+                    log(f"{name}: edit-run {ours_mode}, LibTorch attention ({rep + 1}/{a.reps})")
+                    aten.append(run_ours(a, m, ours_mode, dict(env, EDIT_ATTENTION="aten")))
                 log(f"{name}: peer {peer_mode} ({rep + 1}/{a.reps})")
                 peer.append(run_peer(a, m, peer_mode, peer_env))
             med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
@@ -132,9 +138,11 @@ def main():
                        ours_tps=med(ours, "tps"), peer_tps=med(peer, "tps"),
                        ours_wall=med(ours, "wall"), peer_wall=med(peer, "wall"),
                        ours_startup=med(ours, "startup"), ours_rss=med(ours, "rss"), peer_rss=med(peer, "rss"),
-                       gemm_gflops=rate, runs=dict(ours=ours, peer=peer),
+                       gemm_gflops=rate, runs=dict(ours=ours, ours_aten=aten, peer=peer),
                        peer_version=peer[0]["version"])
             row["ratio"] = row["ours_tps"] / row["peer_tps"]
+            if aten:
+                row["aten_tps"], row["aten_rss"] = med(aten, "tps"), med(aten, "rss")
             fpt = row["flops_per_token"] = ours[0]["flops_per_token"]
             row["ours_mfu"] = fpt * row["ours_tps"] / (rate * 1e9) if rate else None
             row["peer_mfu"] = fpt * row["peer_tps"] / (rate * 1e9) if rate else None
@@ -159,6 +167,16 @@ def main():
                   f"| {r['ratio']:.2f}x | {pct(r['ours_mfu'])} | {pct(r['peer_mfu'])} | {r['ours_wall']:.1f} s "
                   f"| {r['peer_wall']:.1f} s | {r['ours_startup']:.1f} s | {r['ours_rss'] / 1e6:.0f} MB "
                   f"| {r['peer_rss'] / 1e6:.0f} MB |")
+    if any("aten_tps" in r for r in results):
+        md += ["", "The same runs of ours with `EDIT_ATTENTION=aten` (attention through LibTorch ops, as before "
+               "the fused CPU kernel), alternating with the runs above:", "",
+               "| model | ours | fused tok/s | LibTorch-ops tok/s | fused / ops | its ratio to the peer | fused RSS "
+               "| ops RSS |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in results:
+            if "aten_tps" in r:
+                md.append(f"| {r['model']} | {r['ours_mode']} | {r['ours_tps']:.0f} | {r['aten_tps']:.0f} "
+                          f"| {r['ours_tps'] / r['aten_tps']:.2f}x | {r['aten_tps'] / r['peer_tps']:.2f}x "
+                          f"| {r['ours_rss'] / 1e6:.0f} MB | {r['aten_rss'] / 1e6:.0f} MB |")
     md += ["", f"Peer: {results[0]['peer_version'] if results else '?'} (Debian's python3-torch), `{os.path.basename(a.peer)}`."]
     with open(os.path.join(a.out, "peer.md"), "w") as f:
         f.write("\n".join(md) + "\n")

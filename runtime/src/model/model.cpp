@@ -1,9 +1,11 @@
 #include "model/model.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "data/data.h"
+#include "model/attention_cpu.h"
 
 namespace edit {
 
@@ -198,14 +200,61 @@ torch::Tensor applyRope(const torch::Tensor& x, const torch::Tensor& cos, const 
 
 torch::Tensor swiglu(const torch::Tensor& h) { return SwigluFn::apply(h); }
 
+namespace {
+// The fused CPU attention (model/attention_cpu.h) as an autograd function. Saves q, k, v,
+// the output (which the output projection saves anyway) and one log-sum-exp per row.
+struct CpuAttentionFn : torch::autograd::Function<CpuAttentionFn> {
+  static cpu_attention::Dims dims(const torch::Tensor& q) {
+    return {q.size(0), q.size(1), q.size(2), q.size(3)};
+  }
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v) {
+    const auto d = dims(q);
+    auto out = torch::empty({d.batch, d.seq, d.heads * d.headDim}, q.options());
+    auto lse = torch::empty({d.batch, d.heads, d.seq}, q.options());
+    const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+    float *op = out.data_ptr<float>(), *lp = lse.data_ptr<float>();
+    at::parallel_for(0, d.batch * d.heads, 1, [&](int64_t first, int64_t last) {
+      cpu_attention::forward(qp, kp, vp, op, lp, d, first, last);
+    });
+    ctx->save_for_backward({q, k, v, out, lse});
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const auto dOut = grads[0].contiguous();
+    const auto d = dims(q);
+    auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+    at::parallel_for(0, d.batch * d.heads, 1, [&](int64_t first, int64_t last) {
+      cpu_attention::backward(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                              out.data_ptr<float>(), lse.data_ptr<float>(), dOut.data_ptr<float>(),
+                              dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(), d, first, last);
+    });
+    return {dq, dk, dv};
+  }
+};
+}  // namespace
+
+bool fusedCpuAttention(const torch::Tensor& q) {
+  // EDIT_ATTENTION=aten turns the kernel off, for before/after measurements in one run.
+  static const bool aten = [] {
+    const char* e = std::getenv("EDIT_ATTENTION");
+    return e != nullptr && std::string(e) == "aten";
+  }();
+  return !aten && q.device().is_cpu() && q.scalar_type() == torch::kFloat32 && cpu_attention::available();
+}
+
 torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& mask) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), hd = q.size(3);
-  // [B*H, T, hd] views (q, k, v are contiguous): batched matmuls with no reshape copies.
+  if (fusedCpuAttention(q)) return CpuAttentionFn::apply(q.contiguous(), k.contiguous(), v.contiguous());
+  // Elsewhere (GPU, double): LibTorch ops on [B*H, T, hd] views, batched matmuls with no
+  // reshape copies.
   auto q3 = q.reshape({B * H, T, hd}), k3 = k.reshape({B * H, T, hd}), v3 = v.reshape({B * H, T, hd});
   auto scores = torch::bmm(q3, k3.transpose(1, 2));
   scores.add_(mask.narrow(0, 0, T).narrow(1, 0, T));  // in place: the bmm's backward needs no output
-  return torch::bmm(torch::softmax(scores, -1), v3).view({B, H, T, hd});
+  return torch::bmm(torch::softmax(scores, -1), v3).view({B, H, T, hd}).transpose(1, 2).reshape({B, T, H * hd});
 }
 
 torch::Tensor embedForward(const std::vector<torch::Tensor>& p, const torch::Tensor& tokens) {
@@ -221,7 +270,7 @@ torch::Tensor blockForward(const std::vector<torch::Tensor>& p, const torch::Ten
   auto qkv = torch::linear(h, p[1]).view({B, T, 3, H, hd}).permute({2, 0, 3, 1, 4}).contiguous();
   auto q = applyRope(qkv[0], rope.qcos, rope.qsin);  // also scales by 1/sqrt(hd)
   auto k = applyRope(qkv[1], rope.cos, rope.sin);
-  auto attn = causalAttention(q, k, qkv[2], rope.mask).transpose(1, 2).reshape({B, T, s.dim});
+  auto attn = causalAttention(q, k, qkv[2], rope.mask);
   auto x1 = x + torch::linear(attn, p[2]);
   auto ffn = torch::linear(swiglu(torch::linear(rmsNorm(x1, p[3], s.normEps), p[4])), p[5]);
   return x1 + ffn;

@@ -81,9 +81,13 @@ torch::Tensor rmsNorm(const torch::Tensor& x, const torch::Tensor& gain, double 
 // x: [B, H, T, hd]; rotates the pairs (i, i + hd/2) of each head by the position's angle,
 // with the tables cos/sin [>= T, hd/2] (Rope::cos/sin, or qcos/qsin to also scale).
 torch::Tensor applyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
-// q, k, v: [B, H, T, hd], q already scaled by 1/sqrt(hd); mask [>= T, >= T] additive.
+// q, k, v: [B, H, T, hd], q already scaled by 1/sqrt(hd); returns [B, T, H*hd] (heads
+// merged). float32 on the CPU goes through the fused kernel (model/attention_cpu.h);
+// anything else through LibTorch ops with the additive mask [>= T, >= T].
 torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask);
+// Whether causalAttention takes the fused CPU kernel for tensors like q.
+bool fusedCpuAttention(const torch::Tensor& q);
 // silu(a) * b for h = [a | b] along the last dimension.
 torch::Tensor swiglu(const torch::Tensor& h);
 

@@ -392,7 +392,13 @@ TEST_P(Equivalence, ShardedRunMatchesSingleProcessReference) {
       }
       if (compression != "none") {
         // Flips must stay rare: a wrong block layout or scale would move most elements.
-        const double off = (shards[r][u] - expect).abs().gt(2e-4 * expect.abs() + 2e-5).sum().item<double>();
+        // int4 counts elements off by about one of its steps (1e-3 here; a single flip shows
+        // as a difference of 1.3e-3): once one code flips, every later step of that replica
+        // differs by rounding, and elements all over the unit move by far less than a step
+        // (seen with either attention kernel, depending on the seed: up to half the
+        // elements by more than 1e-5, under 0.4% by more than 1e-3).
+        const auto tolerance = compression == "int4" ? torch::full_like(expect, 1e-3) : 2e-4 * expect.abs() + 2e-5;
+        const double off = (shards[r][u] - expect).abs().gt(tolerance).sum().item<double>();
         EXPECT_LE(off, 0.01 * chunk) << "rank " << r << " unit " << u << ": " << off << " of " << chunk
                                      << " elements off the reference";
       }

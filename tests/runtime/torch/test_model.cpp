@@ -42,22 +42,66 @@ TEST(Model, RopeRotatesEachPairByPositionAngle) {
 }
 
 TEST(Model, CausalAttentionMatchesNaiveLoop) {
-  auto q = torch::randn({1, 1, 4, 3}), k = torch::randn({1, 1, 4, 3}), v = torch::randn({1, 1, 4, 3});
-  ModelShape s{16, 3, 1, 1, 16, 10000.0, 1e-5, 0.02};
-  auto y = causalAttention(q / std::sqrt(3.0), k, v, makeRope(s, 6).mask);  // q arrives pre-scaled
-  for (int i = 0; i < 4; ++i) {
-    std::vector<double> w;
-    double z = 0;
-    for (int j = 0; j <= i; ++j) {
-      double dot = 0;
-      for (int d = 0; d < 3; ++d) dot += q[0][0][i][d].item<double>() * k[0][0][j][d].item<double>();
-      w.push_back(std::exp(dot / std::sqrt(3.0)));
-      z += w.back();
+  // Both paths: float32 on the CPU takes the fused kernel, float64 the LibTorch ops.
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    auto q = torch::randn({1, 1, 4, 3}, dtype), k = torch::randn({1, 1, 4, 3}, dtype),
+         v = torch::randn({1, 1, 4, 3}, dtype);
+    ModelShape s{16, 3, 1, 1, 16, 10000.0, 1e-5, 0.02};
+    auto y = causalAttention(q / std::sqrt(3.0), k, v, makeRope(s, 6).mask.to(dtype));  // q arrives pre-scaled
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{1, 4, 3}));  // [B, T, H*hd]
+    for (int i = 0; i < 4; ++i) {
+      std::vector<double> w;
+      double z = 0;
+      for (int j = 0; j <= i; ++j) {
+        double dot = 0;
+        for (int d = 0; d < 3; ++d) dot += q[0][0][i][d].item<double>() * k[0][0][j][d].item<double>();
+        w.push_back(std::exp(dot / std::sqrt(3.0)));
+        z += w.back();
+      }
+      for (int d = 0; d < 3; ++d) {
+        double acc = 0;
+        for (int j = 0; j <= i; ++j) acc += w[j] / z * v[0][0][j][d].item<double>();
+        EXPECT_NEAR(y[0][i][d].item<double>(), acc, 1e-5);
+      }
     }
-    for (int d = 0; d < 3; ++d) {
-      double acc = 0;
-      for (int j = 0; j <= i; ++j) acc += w[j] / z * v[0][0][j][d].item<double>();
-      EXPECT_NEAR(y[0][0][i][d].item<double>(), acc, 1e-5);
+  }
+}
+
+// The fused CPU kernel (float32, tiles of 64 query rows) against the textbook formulas in
+// float64, output and gradients, at shapes that cover one row, a partial tile, several
+// tiles with a partial last one, odd head sizes, and large scores (a softmax near one-hot).
+TEST(Model, FusedCpuAttentionMatchesTheFormulasWithGradients) {
+  ASSERT_TRUE(fusedCpuAttention(torch::zeros({1}))) << "no BLAS sgemm_ in this process: the fused path is untested";
+  struct Case {
+    int64_t B, H, T, hd;
+    double scoreScale;
+  };
+  for (const Case& c : {Case{1, 1, 1, 4, 1}, Case{2, 3, 5, 3, 1}, Case{1, 2, 64, 8, 1}, Case{2, 2, 130, 16, 1},
+                        Case{1, 1, 200, 32, 30}}) {
+    SCOPED_TRACE("B " + std::to_string(c.B) + " H " + std::to_string(c.H) + " T " + std::to_string(c.T) +
+                 " hd " + std::to_string(c.hd));
+    auto opts = torch::dtype(torch::kFloat64);
+    auto q = torch::randn({c.B, c.H, c.T, c.hd}, opts) * c.scoreScale / std::sqrt(double(c.hd));
+    auto k = torch::randn({c.B, c.H, c.T, c.hd}, opts), v = torch::randn({c.B, c.H, c.T, c.hd}, opts);
+    auto w = torch::randn({c.B, c.T, c.H * c.hd}, opts);
+    auto textbook = [&](std::vector<torch::Tensor>& in) {
+      auto sc = torch::matmul(in[0], in[1].transpose(-2, -1));
+      sc = sc.masked_fill(torch::ones({c.T, c.T}, torch::kBool).triu(1), -INFINITY);
+      return torch::matmul(torch::softmax(sc, -1), in[2]).transpose(1, 2).reshape({c.B, c.T, c.H * c.hd});
+    };
+    auto run = [&](torch::ScalarType dtype, bool fused) {
+      std::vector<torch::Tensor> in;
+      for (const auto& t : {q, k, v}) in.push_back(t.to(dtype).requires_grad_(true));
+      auto y = fused ? causalAttention(in[0], in[1], in[2], torch::Tensor()) : textbook(in);
+      (y * w.to(dtype)).sum().backward();
+      return std::vector<torch::Tensor>{y.detach(), in[0].grad(), in[1].grad(), in[2].grad()};
+    };
+    auto got = run(torch::kFloat32, true), want = run(torch::kFloat64, false);
+    const char* names[] = {"output", "dq", "dk", "dv"};
+    for (int i = 0; i < 4; ++i) {
+      const double scale = want[i].abs().max().item<double>() + 1e-12;
+      const double err = (got[i].to(torch::kFloat64) - want[i]).abs().max().item<double>();
+      EXPECT_LT(err / scale, 2e-5) << names[i] << " differs by " << err << " (largest value " << scale << ")";
     }
   }
 }

@@ -47,7 +47,8 @@ void mulAtB(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const 
 // The row loops below are cloned per instruction set (the build targets plain x86-64) and
 // written so the compiler vectorizes them: fixed-width partial maxima and sums, and an exp
 // without branches or library calls.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+// (GCC only, and not under ASan: plain loops there.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
 #define EDIT_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define EDIT_ROW_CLONES

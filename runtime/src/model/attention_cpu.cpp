@@ -129,6 +129,16 @@ EDIT_ROW_CLONES void softmaxGradRow(float* p, const float* dp, float rowDot, int
   for (int64_t j = 0; j < n; ++j) p[j] *= dp[j] - rowDot;
 }
 
+// One row of RoPE on the pairs (i, i + half): y1 = x1 c - x2 s, y2 = x2 c + x1 s, or the
+// inverse rotation (sign -1): x1 = y1 c + y2 s, x2 = y2 c - y1 s.
+EDIT_ROW_CLONES void rotateRow(const float* x, const float* c, const float* s, float sign, int64_t half, float* y) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    y[i] = a * c[i] - sign * b * s[i];
+    y[i + half] = b * c[i] + sign * a * s[i];
+  }
+}
+
 // Rows per tile. A tile of queries needs keys 0 .. its last row only; 64 measured fastest at
 // T = 128-512 (smaller tiles skip more of the square but make more, smaller BLAS calls).
 constexpr int64_t kTile = 64;
@@ -180,6 +190,36 @@ void backward(const float* q, const float* k, const float* v, const float* out, 
       for (int64_t i = 0; i < m; ++i) softmaxGradRow(P + i * n, dP + i * n, rowDot[r0 + i], n);
       mulAB(m, hd, n, P, n, K, hd, 0.f, dQ + r0 * hd, hd);  // dQ = dS K
       mulAtB(n, hd, m, P, n, Q + r0 * hd, hd, 1.f, dK, hd);  // dK += dS^T Q
+    }
+  }
+}
+
+void splitHeads(const float* qkv, const Rotary& r, float* q, float* k, float* v, const Dims& d, int64_t first,
+                int64_t last) {
+  const int64_t T = d.seq, hd = d.headDim, half = hd / 2, width = d.heads * hd;
+  for (int64_t bh = first; bh < last; ++bh) {
+    const int64_t b = bh / d.heads, h = bh % d.heads;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = qkv + (b * T + t) * 3 * width + h * hd;  // q, then k and v `width` further
+      const int64_t o = (bh * T + t) * hd;
+      rotateRow(row, r.qcos + t * half, r.qsin + t * half, 1.f, half, q + o);
+      rotateRow(row + width, r.kcos + t * half, r.ksin + t * half, 1.f, half, k + o);
+      std::memcpy(v + o, row + 2 * width, static_cast<size_t>(hd) * sizeof(float));
+    }
+  }
+}
+
+void mergeHeadGrads(const float* dq, const float* dk, const float* dv, const Rotary& r, float* dqkv, const Dims& d,
+                    int64_t first, int64_t last) {
+  const int64_t T = d.seq, hd = d.headDim, half = hd / 2, width = d.heads * hd;
+  for (int64_t bh = first; bh < last; ++bh) {
+    const int64_t b = bh / d.heads, h = bh % d.heads;
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = dqkv + (b * T + t) * 3 * width + h * hd;
+      const int64_t o = (bh * T + t) * hd;
+      rotateRow(dq + o, r.qcos + t * half, r.qsin + t * half, -1.f, half, row);
+      rotateRow(dk + o, r.kcos + t * half, r.ksin + t * half, -1.f, half, row + width);
+      std::memcpy(row + 2 * width, dv + o, static_cast<size_t>(hd) * sizeof(float));
     }
   }
 }

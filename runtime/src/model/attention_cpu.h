@@ -34,4 +34,19 @@ void forward(const float* q, const float* k, const float* v, float* out, float* 
 void backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
               const float* dOut, float* dq, float* dk, float* dv, const Dims& d, int64_t first, int64_t last);
 
+// Rotary tables, each [>= T, hd/2] row-major: the query's (pre-scaled by 1/sqrt(hd)) and the key's.
+struct Rotary {
+  const float *qcos, *qsin, *kcos, *ksin;
+};
+
+// The stacked projection's output qkv [B, T, 3, H, hd] to q and k rotated (q also scaled)
+// and v, each [B, H, T, hd]: the head split, RoPE and the layout change in one pass.
+void splitHeads(const float* qkv, const Rotary& r, float* q, float* k, float* v, const Dims& d, int64_t first,
+                int64_t last);
+
+// Its backward: dq and dk rotated back, and dv, into dqkv [B, T, 3, H, hd] (every element
+// of the heads [first, last) written).
+void mergeHeadGrads(const float* dq, const float* dk, const float* dv, const Rotary& r, float* dqkv, const Dims& d,
+                    int64_t first, int64_t last);
+
 }  // namespace edit::cpu_attention

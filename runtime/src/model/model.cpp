@@ -201,37 +201,88 @@ torch::Tensor applyRope(const torch::Tensor& x, const torch::Tensor& cos, const 
 torch::Tensor swiglu(const torch::Tensor& h) { return SwigluFn::apply(h); }
 
 namespace {
-// The fused CPU attention (model/attention_cpu.h) as an autograd function. Saves q, k, v,
+// The fused CPU attention (model/attention_cpu.h) as autograd functions. Both save q, k, v,
 // the output (which the output projection saves anyway) and one log-sum-exp per row.
+cpu_attention::Dims dimsOf(const torch::Tensor& q) { return {q.size(0), q.size(1), q.size(2), q.size(3)}; }
+
+// Attention forward over all heads: returns {out [B, T, H*hd], lse [B, H, T]}.
+std::pair<torch::Tensor, torch::Tensor> fusedForward(const torch::Tensor& q, const torch::Tensor& k,
+                                                     const torch::Tensor& v) {
+  const auto d = dimsOf(q);
+  auto out = torch::empty({d.batch, d.seq, d.heads * d.headDim}, q.options());
+  auto lse = torch::empty({d.batch, d.heads, d.seq}, q.options());
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float *op = out.data_ptr<float>(), *lp = lse.data_ptr<float>();
+  at::parallel_for(0, d.batch * d.heads, 1, [&](int64_t first, int64_t last) {
+    cpu_attention::forward(qp, kp, vp, op, lp, d, first, last);
+  });
+  return {out, lse};
+}
+
+// The backward of heads [first, last) from saved {q, k, v, out, lse}.
+void fusedBackward(const variable_list& saved, const torch::Tensor& dOut, torch::Tensor& dq, torch::Tensor& dk,
+                   torch::Tensor& dv, int64_t first, int64_t last) {
+  cpu_attention::backward(saved[0].data_ptr<float>(), saved[1].data_ptr<float>(), saved[2].data_ptr<float>(),
+                          saved[3].data_ptr<float>(), saved[4].data_ptr<float>(), dOut.data_ptr<float>(),
+                          dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(), dimsOf(saved[0]), first,
+                          last);
+}
+
 struct CpuAttentionFn : torch::autograd::Function<CpuAttentionFn> {
-  static cpu_attention::Dims dims(const torch::Tensor& q) {
-    return {q.size(0), q.size(1), q.size(2), q.size(3)};
-  }
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v) {
-    const auto d = dims(q);
-    auto out = torch::empty({d.batch, d.seq, d.heads * d.headDim}, q.options());
-    auto lse = torch::empty({d.batch, d.heads, d.seq}, q.options());
-    const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-    float *op = out.data_ptr<float>(), *lp = lse.data_ptr<float>();
-    at::parallel_for(0, d.batch * d.heads, 1, [&](int64_t first, int64_t last) {
-      cpu_attention::forward(qp, kp, vp, op, lp, d, first, last);
-    });
+    auto [out, lse] = fusedForward(q, k, v);
     ctx->save_for_backward({q, k, v, out, lse});
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const auto dOut = grads[0].contiguous();
-    const auto d = dims(q);
-    auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
-    at::parallel_for(0, d.batch * d.heads, 1, [&](int64_t first, int64_t last) {
-      cpu_attention::backward(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-                              out.data_ptr<float>(), lse.data_ptr<float>(), dOut.data_ptr<float>(),
-                              dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(), d, first, last);
-    });
+    auto dq = torch::empty_like(saved[0]), dk = torch::empty_like(saved[1]), dv = torch::empty_like(saved[2]);
+    const auto d = dimsOf(saved[0]);
+    at::parallel_for(0, d.batch * d.heads, 1,
+                     [&](int64_t first, int64_t last) { fusedBackward(saved, dOut, dq, dk, dv, first, last); });
     return {dq, dk, dv};
+  }
+};
+
+// From the stacked projection's output qkv [B, T, 3 dim] to the attention output: the head
+// split, RoPE and the attention in one autograd node, whose backward writes dqkv in the
+// projection's layout. Through LibTorch ops the same took a permuted copy, two rotations,
+// and in the backward three zero-filled qkv-sized gradients (one per select) summed.
+struct QkvAttentionFn : torch::autograd::Function<QkvAttentionFn> {
+  static cpu_attention::Rotary rotary(const variable_list& t) {
+    return {t[0].data_ptr<float>(), t[1].data_ptr<float>(), t[2].data_ptr<float>(), t[3].data_ptr<float>()};
+  }
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qkv, const torch::Tensor& qcos,
+                               const torch::Tensor& qsin, const torch::Tensor& kcos, const torch::Tensor& ksin,
+                               int64_t heads) {
+    const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / 3 / heads;
+    const cpu_attention::Dims d{B, heads, T, hd};
+    auto q = torch::empty({B, heads, T, hd}, qkv.options()), k = torch::empty_like(q), v = torch::empty_like(q);
+    const auto r = rotary({qcos, qsin, kcos, ksin});
+    const float* src = qkv.data_ptr<float>();
+    float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+    at::parallel_for(0, B * heads, 1, [&](int64_t first, int64_t last) {
+      cpu_attention::splitHeads(src, r, qp, kp, vp, d, first, last);
+    });
+    auto [out, lse] = fusedForward(q, k, v);
+    ctx->save_for_backward({q, k, v, out, lse, qcos, qsin, kcos, ksin});
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto dOut = grads[0].contiguous();
+    const auto d = dimsOf(saved[0]);
+    auto dq = torch::empty_like(saved[0]), dk = torch::empty_like(saved[1]), dv = torch::empty_like(saved[2]);
+    auto dqkv = torch::empty({d.batch, d.seq, 3 * d.heads * d.headDim}, saved[0].options());
+    const auto r = rotary({saved[5], saved[6], saved[7], saved[8]});
+    at::parallel_for(0, d.batch * d.heads, 1, [&](int64_t first, int64_t last) {
+      fusedBackward(saved, dOut, dq, dk, dv, first, last);
+      cpu_attention::mergeHeadGrads(dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(), r,
+                                    dqkv.data_ptr<float>(), d, first, last);
+    });
+    return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 }  // namespace
@@ -257,20 +308,25 @@ torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k, co
   return torch::bmm(torch::softmax(scores, -1), v3).view({B, H, T, hd}).transpose(1, 2).reshape({B, T, H * hd});
 }
 
+torch::Tensor attentionFromQkv(const torch::Tensor& qkv, const Rope& rope, int64_t heads) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / 3 / heads;
+  if (fusedCpuAttention(qkv))
+    return QkvAttentionFn::apply(qkv.contiguous(), rope.qcos, rope.qsin, rope.cos, rope.sin, heads);
+  // Elsewhere: one copy into [3, B, H, T, hd] so every later op reads contiguous heads.
+  auto parts = qkv.view({B, T, 3, heads, hd}).permute({2, 0, 3, 1, 4}).contiguous();
+  auto q = applyRope(parts[0], rope.qcos, rope.qsin);  // also scales by 1/sqrt(hd)
+  auto k = applyRope(parts[1], rope.cos, rope.sin);
+  return causalAttention(q, k, parts[2], rope.mask);
+}
+
 torch::Tensor embedForward(const std::vector<torch::Tensor>& p, const torch::Tensor& tokens) {
   return torch::embedding(p[0], tokens);
 }
 
 torch::Tensor blockForward(const std::vector<torch::Tensor>& p, const torch::Tensor& x,
                            const Rope& rope, const ModelShape& s) {
-  const int64_t B = x.size(0), T = x.size(1), H = s.heads, hd = s.headDim();
   auto h = rmsNorm(x, p[0], s.normEps);
-  // One projection for q, k, v, then one copy into [3, B, H, T, hd] so every later op
-  // reads contiguous heads.
-  auto qkv = torch::linear(h, p[1]).view({B, T, 3, H, hd}).permute({2, 0, 3, 1, 4}).contiguous();
-  auto q = applyRope(qkv[0], rope.qcos, rope.qsin);  // also scales by 1/sqrt(hd)
-  auto k = applyRope(qkv[1], rope.cos, rope.sin);
-  auto attn = causalAttention(q, k, qkv[2], rope.mask);
+  auto attn = attentionFromQkv(torch::linear(h, p[1]), rope, s.heads);  // one projection for q, k, v
   auto x1 = x + torch::linear(attn, p[2]);
   auto ffn = torch::linear(swiglu(torch::linear(rmsNorm(x1, p[3], s.normEps), p[4])), p[5]);
   return x1 + ffn;

@@ -88,6 +88,10 @@ torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask);
 // Whether causalAttention takes the fused CPU kernel for tensors like q.
 bool fusedCpuAttention(const torch::Tensor& q);
+// A block's attention from its stacked projection's output qkv [B, T, 3 dim] (q, k, v of
+// `heads` heads each): RoPE on q (scaled) and k, then causalAttention; returns [B, T, dim].
+// On the fused CPU path it is one autograd node whose backward writes dqkv directly.
+torch::Tensor attentionFromQkv(const torch::Tensor& qkv, const Rope& rope, int64_t heads);
 // silu(a) * b for h = [a | b] along the last dimension.
 torch::Tensor swiglu(const torch::Tensor& h);
 

@@ -156,37 +156,79 @@ TEST(Model, FusedBackwardsMatchAutogradOfTheFormulas) {
                       {torch::randn({2, 5, 10}, opts) * 3});
 }
 
+namespace {
+// A block by the textbook formulas on separate q/k/v and gate/up matrices cut from the
+// stacked ones (in[0]: x [B, T, d], in[1]: the block's flat parameters).
+torch::Tensor plainBlock(std::vector<torch::Tensor>& in, const UnitLayout& layout, const Rope& r64,
+                         const ModelShape& s) {
+  auto p = parameterViews(layout, in[1]);
+  const int64_t B = in[0].size(0), T = in[0].size(1), H = s.heads, hd = s.headDim(), d = s.dim, f = s.ffn;
+  auto h = naiveRms(in[0], p[0], 1e-5);
+  auto q = torch::linear(h, p[1].narrow(0, 0, d)).view({B, T, H, hd}).transpose(1, 2);
+  auto k = torch::linear(h, p[1].narrow(0, d, d)).view({B, T, H, hd}).transpose(1, 2);
+  auto v = torch::linear(h, p[1].narrow(0, 2 * d, d)).view({B, T, H, hd}).transpose(1, 2);
+  q = naiveRope(q, r64.cos, r64.sin);
+  k = naiveRope(k, r64.cos, r64.sin);
+  auto sc = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(hd));
+  sc = sc.masked_fill(torch::ones({T, T}, torch::kBool).triu(1), -INFINITY);
+  auto a = torch::matmul(torch::softmax(sc, -1), v).transpose(1, 2).reshape({B, T, d});
+  auto x1 = in[0] + torch::linear(a, p[2]);
+  auto h2 = naiveRms(x1, p[3], 1e-5);
+  auto g = torch::linear(h2, p[4].narrow(0, 0, f)), u = torch::linear(h2, p[4].narrow(0, f, f));
+  return x1 + torch::linear(torch::silu(g) * u, p[5]);
+}
+Rope toDouble(const Rope& r) {
+  return Rope{r.cos.to(torch::kFloat64), r.sin.to(torch::kFloat64), r.qcos.to(torch::kFloat64),
+              r.qsin.to(torch::kFloat64), r.mask.to(torch::kFloat64)};
+}
+}  // namespace
+
 TEST(Model, BlockMatchesAPlainComposition) {
-  // The whole block against the textbook formulas on separate q/k/v and gate/up matrices
-  // cut from the stacked ones, including its gradients.
+  // The whole block (float64: the LibTorch-ops path) against the textbook formulas,
+  // including its gradients.
   ModelShape s{16, 8, 1, 2, 12, 10000.0, 1e-5, 0.02};
   auto layout = modelLayout(s);
   auto flat = initialUnitValues(layout[1], 1, 5).to(torch::kFloat64);
-  auto rope = makeRope(s, 5);
-  auto r64 = Rope{rope.cos.to(torch::kFloat64), rope.sin.to(torch::kFloat64), rope.qcos.to(torch::kFloat64),
-                  rope.qsin.to(torch::kFloat64), rope.mask.to(torch::kFloat64)};
+  auto r64 = toDouble(makeRope(s, 5));
   auto x = torch::randn({2, 5, 8}, torch::kFloat64);
-  auto plain = [&](std::vector<torch::Tensor>& in) {
-    auto p = parameterViews(layout[1], in[1]);
-    const int64_t B = 2, T = 5, H = 2, hd = 4, d = 8, f = 12;
-    auto h = naiveRms(in[0], p[0], 1e-5);
-    auto q = torch::linear(h, p[1].narrow(0, 0, d)).view({B, T, H, hd}).transpose(1, 2);
-    auto k = torch::linear(h, p[1].narrow(0, d, d)).view({B, T, H, hd}).transpose(1, 2);
-    auto v = torch::linear(h, p[1].narrow(0, 2 * d, d)).view({B, T, H, hd}).transpose(1, 2);
-    q = naiveRope(q, r64.cos, r64.sin);
-    k = naiveRope(k, r64.cos, r64.sin);
-    auto sc = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(hd));
-    sc = sc.masked_fill(torch::ones({T, T}, torch::kBool).triu(1), -INFINITY);
-    auto a = torch::matmul(torch::softmax(sc, -1), v).transpose(1, 2).reshape({B, T, d});
-    auto x1 = in[0] + torch::linear(a, p[2]);
-    auto h2 = naiveRms(x1, p[3], 1e-5);
-    auto g = torch::linear(h2, p[4].narrow(0, 0, f)), u = torch::linear(h2, p[4].narrow(0, f, f));
-    return x1 + torch::linear(torch::silu(g) * u, p[5]);
-  };
+  auto plain = [&](std::vector<torch::Tensor>& in) { return plainBlock(in, layout[1], r64, s); };
   auto fused = [&](std::vector<torch::Tensor>& in) {
     return blockForward(parameterViews(layout[1], in[1]), in[0], r64, s);
   };
   expectSameGradients(fused, plain, {x, flat});
+}
+
+TEST(Model, BlockOnTheFusedCpuPathMatchesAPlainComposition) {
+  // float32 on the CPU: the head split, RoPE and attention are one fused node
+  // (attentionFromQkv). Against the textbook block in float64, output and gradients, with
+  // a sequence shorter than the rotary tables and more than one tile of queries.
+  ASSERT_TRUE(fusedCpuAttention(torch::zeros({1})));
+  for (int64_t T : {1, 5, 70}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    ModelShape s{16, 24, 1, 3, 20, 10000.0, 1e-5, 0.2};
+    auto layout = modelLayout(s);
+    auto flat = initialUnitValues(layout[1], 1, 5).to(torch::kFloat64);
+    const auto rope = makeRope(s, 80);
+    auto r64 = toDouble(rope);
+    auto x = torch::randn({2, T, s.dim}, torch::kFloat64);
+    auto w = torch::randn({2, T, s.dim}, torch::kFloat64);
+    auto run = [&](bool fused) {
+      std::vector<torch::Tensor> in{x.clone(), flat.clone()};
+      if (fused)
+        for (auto& t : in) t = t.to(torch::kFloat32);
+      for (auto& t : in) t.requires_grad_(true);
+      auto y = fused ? blockForward(parameterViews(layout[1], in[1]), in[0], rope, s) : plainBlock(in, layout[1], r64, s);
+      (y * w.to(y.scalar_type())).sum().backward();
+      return std::vector<torch::Tensor>{y.detach(), in[0].grad(), in[1].grad()};
+    };
+    auto got = run(true), want = run(false);
+    const char* names[] = {"output", "dx", "dparameters"};
+    for (int i = 0; i < 3; ++i) {
+      const double scale = want[i].abs().max().item<double>();
+      const double err = (got[i].to(torch::kFloat64) - want[i]).abs().max().item<double>();
+      EXPECT_LT(err / scale, 1e-4) << names[i] << " differs by " << err << " (largest value " << scale << ")";
+    }
+  }
 }
 
 TEST(Model, TinyPresetHasExpectedSizeAndUnits) {

@@ -370,8 +370,26 @@ class Cluster:
         except OSError:
             return "(no %s)" % path
 
+    # A worker's lines that explain a failure: not its per-step @edit rows, nor the lines
+    # every healthy worker prints.
+    ROUTINE = ("@edit ", "OpenBLAS kernels:", "OpenMP wait policy:", "metrics on ", "memory per rank",
+               "checkpoint ")
+
+    @classmethod
+    def worker_messages(cls, path, n=700):
+        try:
+            with open(path, errors="replace") as f:
+                lines = [l for l in f if not any(l.split("] ", 1)[-1].startswith(r) for r in cls.ROUTINE)]
+        except OSError:
+            return "(no %s)" % path
+        return "".join(lines)[-n:] or "(no messages)\n"
+
     def diagnostics(self):
-        out = []
+        # Worker messages first: CI keeps the head of a long failure output.
+        out = ["---- worker messages, oldest pod first ----"]
+        for f in sorted(glob.glob(os.path.join(self.tmp, "kubelet", "pods", "*", "worker.log")),
+                        key=os.path.getmtime):
+            out.append("%s:\n%s" % (os.path.basename(os.path.dirname(f)), self.worker_messages(f)))
         for log in self.op_logs[-2:]:
             out.append("---- %s ----\n%s" % (os.path.basename(log), self.tail(log, 3000)))
         for log in self.standin_logs[-1:]:

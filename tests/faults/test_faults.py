@@ -248,14 +248,15 @@ class Faults(unittest.TestCase):
         time.sleep(0.5)
         self.tracker.stop()
         st = job["status"]
-        self.assertEqual(st["phase"], phase, "%s\n%s" % (json.dumps(st, indent=1), self.c.diagnostics()))
+        self.assertEqual(st["phase"], phase, "%s\n%s" % (self.c.diagnostics(), json.dumps(st, indent=1)))
         self.assertEqual(self.tracker.problems(WORLD), [])
         gens = self.tracker.generations()
         for g, ranks in gens.items():
             self.assertEqual(ranks, set(range(WORLD)), "generation %d ranks %s" % (g, ranks))
         if expect_restarts is not None:
             self.assertEqual(st.get("restarts", 0), expect_restarts,
-                             "%s\n%s" % (json.dumps(st, indent=1), self.c.diagnostics()))
+                             "ranks replaced in place: %s\n%s\n%s" % (self.tracker.recovered_ranks(), self.c.diagnostics(),
+                                                                      json.dumps(st, indent=1)))
             self.assertEqual(sorted(gens), list(range(expect_restarts + 1)), gens)
         recovered = self.tracker.recovered_ranks()
         if expect_restarts is not None:

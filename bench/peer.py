@@ -105,9 +105,9 @@ def main():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--H", type=int, default=16, help="sync interval of edit and diloco")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--attention-ab", action="store_true",
-                   help="also run ours with EDIT_ATTENTION=aten (LibTorch ops instead of the fused "
-                        "CPU attention kernel) in the same alternation: before/after in one run")
+    p.add_argument("--kernels-ab", action="store_true",
+                   help="also run ours with EDIT_CPU_KERNELS=aten (LibTorch ops instead of the plain-C++ "
+                        "CPU kernels: attention, RMSNorm, SwiGLU) in the same alternation: before/after in one run")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat()))
     a = p.parse_args()
     if not os.path.exists(a.peer):
@@ -128,9 +128,9 @@ def main():
             for rep in range(a.reps):
                 log(f"{name}: edit-run {ours_mode} ({rep + 1}/{a.reps})")
                 ours.append(run_ours(a, m, ours_mode, env))
-                if a.attention_ab:
-                    log(f"{name}: edit-run {ours_mode}, LibTorch attention ({rep + 1}/{a.reps})")
-                    aten.append(run_ours(a, m, ours_mode, dict(env, EDIT_ATTENTION="aten")))
+                if a.kernels_ab:
+                    log(f"{name}: edit-run {ours_mode}, LibTorch ops instead of the CPU kernels ({rep + 1}/{a.reps})")
+                    aten.append(run_ours(a, m, ours_mode, dict(env, EDIT_CPU_KERNELS="aten")))
                 log(f"{name}: peer {peer_mode} ({rep + 1}/{a.reps})")
                 peer.append(run_peer(a, m, peer_mode, peer_env))
             med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
@@ -168,8 +168,8 @@ def main():
                   f"| {r['peer_wall']:.1f} s | {r['ours_startup']:.1f} s | {r['ours_rss'] / 1e6:.0f} MB "
                   f"| {r['peer_rss'] / 1e6:.0f} MB |")
     if any("aten_tps" in r for r in results):
-        md += ["", "The same runs of ours with `EDIT_ATTENTION=aten` (attention through LibTorch ops, as before "
-               "the fused CPU kernel), alternating with the runs above:", "",
+        md += ["", "The same runs of ours with `EDIT_CPU_KERNELS=aten` (attention, RMSNorm and SwiGLU through "
+               "LibTorch ops, as before the plain-C++ CPU kernels), alternating with the runs above:", "",
                "| model | ours | fused tok/s | LibTorch-ops tok/s | fused / ops | its ratio to the peer | fused RSS "
                "| ops RSS |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in results:

@@ -1,5 +1,7 @@
 #include "model/attention_cpu.h"
 
+#include "model/cpu_simd.h"
+
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -9,6 +11,9 @@
 
 namespace edit::cpu_attention {
 namespace {
+
+using cpu_simd::expNonPositive;
+using cpu_simd::kLanes;
 
 // Fortran BLAS, column-major. Looked up at run time: LibTorch already loaded the BLAS it
 // was built with, and linking one here could pick another.
@@ -42,39 +47,6 @@ void mulAB(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const f
 void mulAtB(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
             float* c, int64_t ldc) {
   gemm('N', 'T', n, m, k, b, ldb, a, lda, beta, c, ldc);
-}
-
-// The row loops below are cloned per instruction set (the build targets plain x86-64) and
-// written so the compiler vectorizes them: fixed-width partial maxima and sums, and an exp
-// without branches or library calls.
-// (GCC only, and not under ASan: plain loops there.)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define EDIT_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define EDIT_ROW_CLONES
-#endif
-constexpr int kLanes = 16;
-
-// e^x for x <= 0 (arguments here are score - row max, or score - log-sum-exp): x = n ln2 + r
-// with |r| <= ln2/2, e^r by a degree-7 polynomial (relative error about 1e-7), 2^n put in the
-// exponent bits. Below -87 the result would be subnormal; it is clamped to e^-87 instead,
-// far under a float's resolution of a sum that holds a 1.
-inline float expNonPositive(float x) {
-  x = x < -87.f ? -87.f : x;
-  const float shifter = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + shifter) - shifter;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 split in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
 }
 
 // Causal softmax of one row of scores: the first `valid` entries in place, zeros after

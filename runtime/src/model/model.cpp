@@ -6,6 +6,7 @@
 
 #include "data/data.h"
 #include "model/attention_cpu.h"
+#include "model/pointwise_cpu.h"
 
 namespace edit {
 
@@ -116,18 +117,50 @@ using torch::autograd::variable_list;
 // RMSNorm with its backward written out: saves only x and the per-row 1/rms.
 //   y = x * r * g,  r = (mean(x^2) + eps)^-1/2
 //   dx = r * (dy*g - xh * mean(dy*g*xh)),  xh = x*r;   dg = sum_rows(dy * xh)
+// On the CPU in float32, one pass per row (model/pointwise_cpu.h); elsewhere LibTorch ops.
 struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& gain,
                                double eps) {
-    const double d = static_cast<double>(x.size(-1));
+    const int64_t dim = x.size(-1);
+    if (fusedCpuKernels(x)) {
+      auto xc = x.contiguous();
+      auto y = torch::empty_like(xc);
+      auto rs = xc.sizes().vec();
+      rs.back() = 1;
+      auto r = torch::empty(rs, xc.options());
+      const float *xp = xc.data_ptr<float>(), *gp = gain.data_ptr<float>();
+      float *yp = y.data_ptr<float>(), *rp = r.data_ptr<float>();
+      at::parallel_for(0, xc.numel() / dim, 16, [&](int64_t first, int64_t last) {
+        cpu_pointwise::rmsNormForward(xp, gp, static_cast<float>(eps), dim, yp, rp, first, last);
+      });
+      ctx->save_for_backward({xc, gain, r});
+      return y;
+    }
     auto r = at::linalg_vector_norm(x, 2, {-1}, true, c10::nullopt);  // one pass, no x^2 temporary
-    r.square_().div_(d).add_(eps).rsqrt_();
+    r.square_().div_(static_cast<double>(dim)).add_(eps).rsqrt_();
     ctx->save_for_backward({x, gain, r});
     return (x * r).mul_(gain);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &gain = saved[1], &r = saved[2];
+    if (fusedCpuKernels(x)) {
+      const auto dy = grads[0].contiguous();
+      const int64_t dim = x.size(-1), rows = x.numel() / dim;
+      auto dx = torch::empty_like(x);
+      // The gain's gradient sums over rows: one partial sum per chunk of rows, added after.
+      const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows / 16));
+      auto dgParts = torch::zeros({chunks, dim}, x.options());
+      const float *xp = x.data_ptr<float>(), *gp = gain.data_ptr<float>(), *rp = r.data_ptr<float>(),
+                  *dyp = dy.data_ptr<float>();
+      float *dxp = dx.data_ptr<float>(), *dgp = dgParts.data_ptr<float>();
+      at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c)
+          cpu_pointwise::rmsNormBackward(xp, gp, rp, dyp, dim, dxp, dgp + c * dim, rows * c / chunks,
+                                         rows * (c + 1) / chunks);
+      });
+      return {dx, chunks == 1 ? dgParts[0] : dgParts.sum(0), torch::Tensor()};
+    }
     const auto& dy = grads[0];
     auto xh = x * r;
     auto dg = (dy * xh).reshape({-1, x.size(-1)}).sum(0);
@@ -166,9 +199,23 @@ struct RopeFn : torch::autograd::Function<RopeFn> {
 
 // SwiGLU on h = [a | b]: y = silu(a) * b. Saves h only (no silu(a) or sigmoid copies).
 //   da = dy * b * s * (1 + a (1 - s)),  db = dy * silu(a),  s = sigmoid(a)
+// On the CPU in float32, one pass per row (model/pointwise_cpu.h); elsewhere LibTorch ops.
 struct SwigluFn : torch::autograd::Function<SwigluFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h) {
     const int64_t f = h.size(-1) / 2;
+    if (fusedCpuKernels(h)) {
+      auto hc = h.contiguous();
+      auto ys = hc.sizes().vec();
+      ys.back() = f;
+      auto y = torch::empty(ys, hc.options());
+      const float* hp = hc.data_ptr<float>();
+      float* yp = y.data_ptr<float>();
+      at::parallel_for(0, hc.numel() / (2 * f), 16, [&](int64_t first, int64_t last) {
+        cpu_pointwise::swigluForward(hp, f, yp, first, last);
+      });
+      ctx->save_for_backward({hc});
+      return y;
+    }
     ctx->save_for_backward({h});
     auto a = h.narrow(-1, 0, f), b = h.narrow(-1, f, f);
     return at::silu(a).mul_(b);
@@ -176,9 +223,18 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto h = ctx->get_saved_variables()[0];
     const int64_t f = h.size(-1) / 2;
+    auto dh = torch::empty_like(h, at::MemoryFormat::Contiguous);
+    if (fusedCpuKernels(h)) {
+      const auto dy = grads[0].contiguous();
+      const float *hp = h.data_ptr<float>(), *dyp = dy.data_ptr<float>();
+      float* dhp = dh.data_ptr<float>();
+      at::parallel_for(0, h.numel() / (2 * f), 16, [&](int64_t first, int64_t last) {
+        cpu_pointwise::swigluBackward(hp, dyp, f, dhp, first, last);
+      });
+      return {dh};
+    }
     auto a = h.narrow(-1, 0, f), b = h.narrow(-1, f, f);
     const auto& dy = grads[0];
-    auto dh = torch::empty_like(h, at::MemoryFormat::Contiguous);
     auto da = dh.narrow(-1, 0, f), db = dh.narrow(-1, f, f);
     auto sg = at::sigmoid(a);
     at::mul_out(db, a, sg).mul_(dy);                  // db = silu(a) dy
@@ -287,14 +343,17 @@ struct QkvAttentionFn : torch::autograd::Function<QkvAttentionFn> {
 };
 }  // namespace
 
-bool fusedCpuAttention(const torch::Tensor& q) {
-  // EDIT_ATTENTION=aten turns the kernel off, for before/after measurements in one run.
+bool fusedCpuKernels(const torch::Tensor& t) {
+  // EDIT_CPU_KERNELS=aten turns the plain-C++ kernels off (LibTorch ops instead), for
+  // before/after measurements in one run.
   static const bool aten = [] {
-    const char* e = std::getenv("EDIT_ATTENTION");
+    const char* e = std::getenv("EDIT_CPU_KERNELS");
     return e != nullptr && std::string(e) == "aten";
   }();
-  return !aten && q.device().is_cpu() && q.scalar_type() == torch::kFloat32 && cpu_attention::available();
+  return !aten && t.device().is_cpu() && t.scalar_type() == torch::kFloat32;
 }
+
+bool fusedCpuAttention(const torch::Tensor& q) { return fusedCpuKernels(q) && cpu_attention::available(); }
 
 torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& mask) {

@@ -156,6 +156,53 @@ TEST(Model, FusedBackwardsMatchAutogradOfTheFormulas) {
                       {torch::randn({2, 5, 10}, opts) * 3});
 }
 
+TEST(Model, FusedCpuRmsNormAndSwigluMatchTheFormulasWithGradients) {
+  // float32 on the CPU takes the plain-C++ kernels (model/pointwise_cpu.h): against the
+  // formulas in float64 through autograd. Widths that are not a multiple of the kernels'
+  // 16 lanes, one row, enough rows for several chunks of the gain's gradient on 2 threads,
+  // a zero row (r = 1/sqrt(eps)), and gate values far out in both tails of the sigmoid.
+  ASSERT_TRUE(fusedCpuKernels(torch::zeros({1})));
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  auto compare = [](const std::function<torch::Tensor(std::vector<torch::Tensor>&)>& f,
+                    const std::function<torch::Tensor(std::vector<torch::Tensor>&)>& ref,
+                    const std::vector<torch::Tensor>& inputs) {
+    auto run = [&](const auto& fn, torch::ScalarType dtype) {
+      std::vector<torch::Tensor> in;
+      for (const auto& t : inputs) in.push_back(t.to(dtype).requires_grad_(true));
+      auto y = fn(in);
+      torch::manual_seed(7);
+      auto w = torch::randn(y.sizes(), torch::kFloat64).to(dtype);
+      (y * w).sum().backward();
+      std::vector<torch::Tensor> out{y.detach()};
+      for (auto& t : in) out.push_back(t.grad());
+      return out;
+    };
+    auto got = run(f, torch::kFloat32), want = run(ref, torch::kFloat64);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double scale = want[i].abs().max().item<double>() + 1e-12;
+      const double err = (got[i].to(torch::kFloat64) - want[i]).abs().max().item<double>();
+      EXPECT_LT(err / scale, 1e-5) << (i == 0 ? "output" : "gradient of input " + std::to_string(i - 1))
+                                   << " differs by " << err << " (largest value " << scale << ")";
+    }
+  };
+  auto opts = torch::dtype(torch::kFloat64);
+  for (auto shape : {std::vector<int64_t>{1, 1, 37}, {2, 5, 8}, {4, 300, 48}, {3, 7, 130}}) {
+    SCOPED_TRACE("shape [" + std::to_string(shape[0]) + ", " + std::to_string(shape[1]) + ", " +
+                 std::to_string(shape[2]) + "]");
+    auto x = torch::randn(shape, opts) * 3;
+    if (shape[1] > 1) x[0][1].zero_();
+    compare([](auto& in) { return rmsNorm(in[0], in[1], 1e-5); },
+            [](auto& in) { return naiveRms(in[0], in[1], 1e-5); }, {x, torch::rand({shape[2]}, opts) + 0.5});
+    auto h = torch::randn({shape[0], shape[1], 2 * shape[2]}, opts) * 4;
+    h.view(-1)[0] = 100;
+    h.view(-1)[1] = -100;
+    h.view(-1)[2] = 0;
+    compare([](auto& in) { return swiglu(in[0]); }, [](auto& in) { return naiveSwiglu(in[0]); }, {h});
+  }
+  at::set_num_threads(threads);
+}
+
 namespace {
 // A block by the textbook formulas on separate q/k/v and gate/up matrices cut from the
 // stacked ones (in[0]: x [B, T, d], in[1]: the block's flat parameters).

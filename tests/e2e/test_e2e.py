@@ -110,9 +110,10 @@ class KubectlFlow(Base):
 
 class WorkerError(Base):
     def test_exit_2_puts_the_workers_error_into_the_failed_condition(self):
-        # terminationMessagePolicy FallbackToLogsOnError: the kubelet gives the operator the
-        # tail of the worker's log, and the operator puts edit-train's own words into the
-        # Failed condition (exit 2 is permanent: no restart).
+        # edit-train writes its reason to the termination message file (EDIT_TERMINATION_LOG,
+        # the container's terminationMessagePath), the kubelet gives it to the operator, and
+        # the operator puts edit-train's own words into the Failed condition (exit 2 is
+        # permanent: no restart). Not the log's tail, the fallback for a worker that could not.
         self.start_job(steps=20, corrupt_train=True)
         w = self.c.kubectl("wait", "--for=condition=Failed", "ej/" + self.name, "-n", self.ns,
                            "--timeout=120s", check=False, timeout=140)
@@ -121,7 +122,7 @@ class WorkerError(Base):
         failed = next(c for c in st["conditions"] if c["type"] == "Failed")
         self.assertIn("train.bin: header says", failed["message"], failed)
         self.assertIn("(truncated?)", failed["message"], failed)
-        self.assertIn("exit code 2", failed["message"], failed)
+        self.assertIn("exit code 2 (Error): invalid data: ", failed["message"], failed)
         self.assertEqual(st.get("restarts", 0), 0, st)
         desc = self.c.kubectl("describe", "ej", self.name, "-n", self.ns).stdout
         self.assertIn("train.bin: header says", desc)

@@ -35,6 +35,11 @@ TEST(Desired, PodIdentityEnvAndLabels) {
   EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
   // A worker that dies before writing its termination message leaves its log's tail there.
   EXPECT_EQ(pod["spec"]["containers"][0]["terminationMessagePolicy"], "FallbackToLogsOnError");
+  // edit-train writes its reason where the container's terminationMessagePath says.
+  bool named = false;
+  for (const auto& e : pod["spec"]["containers"][0]["env"])
+    named |= e["name"] == "EDIT_TERMINATION_LOG" && e["value"] == pod["spec"]["containers"][0]["terminationMessagePath"];
+  EXPECT_TRUE(named) << pod["spec"]["containers"][0]["env"].dump();
   const json& l = pod["metadata"]["labels"];
   EXPECT_EQ(l["edit.io/job-name"], "demo");
   EXPECT_EQ(l["edit.io/rank"], "3");

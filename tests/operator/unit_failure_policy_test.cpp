@@ -42,6 +42,18 @@ TEST(FailurePolicy, PermanentExitCodesFailTheJob) {
   }
 }
 
+TEST(FailurePolicy, ALongMessageKeepsItsEnd) {
+  // A message from the log's tail (FallbackToLogsOnError) ends with the lines that say why.
+  ObservedPod p = pod(1, "Failed", 0, 75);
+  p.message = std::string(3000, 'x') + "[rank 1] peer lost: the reason";
+  const std::string d = describeExit(p);
+  EXPECT_NE(d.find("j-worker-1 failed with exit code 75: ..."), std::string::npos) << d;
+  EXPECT_EQ(d.substr(d.size() - 30), "[rank 1] peer lost: the reason");
+  EXPECT_LT(d.size(), 1100u);
+  p.message = "invalid data: short";
+  EXPECT_NE(describeExit(p).find("exit code 75: invalid data: short"), std::string::npos);
+}
+
 TEST(FailurePolicy, DisruptionCausesStopsAndVanishedPodsOnly) {
   ObservedPod evicted = pod(0, "Failed", 0, 1);
   evicted.disruption = "EvictionByEvictionAPI";

@@ -241,6 +241,7 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
       envVar("MASTER_PORT", std::to_string(s.masterPort)),
       envVar("EDIT_TELEMETRY_ADDR", settings.telemetryAdvertiseAddr),
       envVar("EDIT_RESTART_GENERATION", std::to_string(restartGeneration)),
+      envVar("EDIT_TERMINATION_LOG", kTerminationMessagePath),
       envVar("EDIT_TELEMETRY_HEARTBEAT_SECONDS", std::to_string(heartbeatSeconds(s))),
       {{"name", "EDIT_CONFIG"},
        {"valueFrom", {{"configMapKeyRef", {{"name", configMapName(name)}, {"key", kConfigKey}}}}}},
@@ -293,8 +294,11 @@ json desiredPod(const JobRef& job, int rank, int restartGeneration, const Operat
                     {"securityContext", containerSecurity},
                     {"ports", json::array({{{"name", "master"}, {"containerPort", s.masterPort}, {"protocol", "TCP"}},
                                            {{"name", "metrics"}, {"containerPort", kWorkerMetricsPort}, {"protocol", "TCP"}}})}};
-  // edit-train writes why it failed to /dev/termination-log; a worker that dies before it
-  // can (a custom command, a crash) still leaves the tail of its log in the pod's status.
+  // edit-train writes why it failed to the termination message file (named in its env too,
+  // so that a runtime without mount namespaces can translate the path, as the API
+  // stand-in's kubelet does); a worker that dies before it can (a custom command, a
+  // crash) still leaves the tail of its log in the pod's status.
+  container["terminationMessagePath"] = kTerminationMessagePath;
   container["terminationMessagePolicy"] = "FallbackToLogsOnError";
   if (!s.args.empty()) container["args"] = s.args;
   if (!s.imagePullPolicy.empty()) container["imagePullPolicy"] = s.imagePullPolicy;

@@ -23,6 +23,8 @@ inline constexpr const char* kLabelGeneration = "edit.io/restart-generation";
 inline constexpr const char* kConfigKey = "config.yaml";
 inline constexpr const char* kTokenKey = "token";
 inline constexpr const char* kCheckpointMount = "/checkpoints";  // where spec.checkpoint.pvc is mounted
+// Where a worker or export container writes why it ended (the kubelet's default path).
+inline constexpr const char* kTerminationMessagePath = "/dev/termination-log";
 
 struct JobRef {
   api::JobMeta meta;

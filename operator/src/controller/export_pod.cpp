@@ -69,7 +69,7 @@ json desiredExportPod(const JobRef& job, int attempt) {
   // replaces what a killed one left.
   json command = json::array({"edit-export", "--checkpoint", checkpointDir(job), "--out", exportOutDir(job),
                               "--dtype", e.dtype, "--weights", e.weights, "--force", "--report",
-                              "/dev/termination-log"});
+                              kTerminationMessagePath});
 
   // The export runs on CPU: the workers' resources without accelerators.
   json resources = json::object();

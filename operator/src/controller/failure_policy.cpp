@@ -89,8 +89,12 @@ std::string describeExit(const ObservedPod& p) {
   std::string s = "worker pod " + p.name + " failed";
   if (p.exitCode) s += " with exit code " + std::to_string(*p.exitCode);
   if (!p.reason.empty()) s += " (" + p.reason + ")";
-  // edit-train's own words (its termination message), cut to keep the status small.
-  if (!p.message.empty()) s += ": " + (p.message.size() > 1024 ? p.message.substr(0, 1024) + "..." : p.message);
+  // edit-train's own words (its termination message), cut to keep the status small. The
+  // end is kept: a message taken from the log's tail (FallbackToLogsOnError) ends with the
+  // lines that say why.
+  constexpr size_t kKeep = 1024;
+  if (!p.message.empty())
+    s += ": " + (p.message.size() > kKeep ? "..." + p.message.substr(p.message.size() - kKeep) : p.message);
   return s;
 }
 

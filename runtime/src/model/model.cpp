@@ -128,7 +128,8 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
       auto rs = xc.sizes().vec();
       rs.back() = 1;
       auto r = torch::empty(rs, xc.options());
-      const float *xp = xc.data_ptr<float>(), *gp = gain.data_ptr<float>();
+      const auto g = gain.contiguous();
+      const float *xp = xc.data_ptr<float>(), *gp = g.data_ptr<float>();
       float *yp = y.data_ptr<float>(), *rp = r.data_ptr<float>();
       at::parallel_for(0, xc.numel() / dim, 16, [&](int64_t first, int64_t last) {
         cpu_pointwise::rmsNormForward(xp, gp, static_cast<float>(eps), dim, yp, rp, first, last);
@@ -151,7 +152,8 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
       // The gain's gradient sums over rows: one partial sum per chunk of rows, added after.
       const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows / 16));
       auto dgParts = torch::zeros({chunks, dim}, x.options());
-      const float *xp = x.data_ptr<float>(), *gp = gain.data_ptr<float>(), *rp = r.data_ptr<float>(),
+      const auto g = gain.contiguous();
+      const float *xp = x.data_ptr<float>(), *gp = g.data_ptr<float>(), *rp = r.data_ptr<float>(),
                   *dyp = dy.data_ptr<float>();
       float *dxp = dx.data_ptr<float>(), *dgp = dgParts.data_ptr<float>();
       at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {

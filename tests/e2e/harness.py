@@ -372,7 +372,7 @@ class Cluster:
 
     # A worker's lines that explain a failure: not its per-step @edit rows, nor the lines
     # every healthy worker prints.
-    ROUTINE = ("@edit ", "OpenBLAS kernels:", "OpenMP wait policy:", "metrics on ", "memory per rank",
+    ROUTINE = ("@edit", "OpenBLAS kernels:", "OpenMP wait policy:", "metrics on ", "memory per rank",
                "checkpoint ")
 
     @classmethod
@@ -386,7 +386,7 @@ class Cluster:
 
     def diagnostics(self):
         # Worker messages first: CI keeps the head of a long failure output.
-        out = ["---- worker messages, oldest pod first ----"]
+        out = ["---- worker messages, by when each pod last wrote ----"]
         for f in sorted(glob.glob(os.path.join(self.tmp, "kubelet", "pods", "*", "worker.log")),
                         key=os.path.getmtime):
             out.append("%s:\n%s" % (os.path.basename(os.path.dirname(f)), self.worker_messages(f)))

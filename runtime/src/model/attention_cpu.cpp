@@ -85,16 +85,7 @@ EDIT_ROW_CLONES void probabilityRow(float* s, int64_t valid, int64_t width, floa
   for (; j < width; ++j) s[j] = 0.f;
 }
 
-EDIT_ROW_CLONES float dot(const float* a, const float* b, int64_t n) {
-  float acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[j + l] * b[j + l];
-  float sum = 0;
-  for (; j < n; ++j) sum += a[j] * b[j];
-  for (float x : acc) sum += x;
-  return sum;
-}
+EDIT_ROW_CLONES float dot(const float* a, const float* b, int64_t n) { return cpu_simd::dotProduct(a, b, n); }
 
 // Softmax backward of one row, in place over the probabilities: ds = p * (dp - rowdot(dO, O)).
 EDIT_ROW_CLONES void softmaxGradRow(float* p, const float* dp, float rowDot, int64_t n) {

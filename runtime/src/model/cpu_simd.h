@@ -42,6 +42,19 @@ inline float expNonPositive(float x) {
   return p * scale;
 }
 
+// sum(a[j] b[j]) in kLanes partial sums. Not cloned itself: inlined into the callers'
+// clones, it is compiled for each of their instruction sets.
+inline float dotProduct(const float* a, const float* b, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[j + l] * b[j + l];
+  float sum = 0;
+  for (; j < n; ++j) sum += a[j] * b[j];
+  for (float x : acc) sum += x;
+  return sum;
+}
+
 // The logistic sigmoid 1 / (1 + e^-a) from e = e^-|a| (never overflows): 1 / (1 + e) for
 // a >= 0, e / (1 + e) below.
 inline float sigmoid(float a) {

@@ -9,16 +9,7 @@ namespace {
 
 using cpu_simd::kLanes;
 
-EDIT_ROW_CLONES float sumOfSquares(const float* x, int64_t n) {
-  float acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += x[j + l] * x[j + l];
-  float sum = 0;
-  for (; j < n; ++j) sum += x[j] * x[j];
-  for (float a : acc) sum += a;
-  return sum;
-}
+EDIT_ROW_CLONES float sumOfSquares(const float* x, int64_t n) { return cpu_simd::dotProduct(x, x, n); }
 
 EDIT_ROW_CLONES void scaleRow(const float* x, const float* g, float r, int64_t n, float* y) {
   for (int64_t j = 0; j < n; ++j) y[j] = x[j] * r * g[j];

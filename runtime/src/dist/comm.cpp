@@ -1,5 +1,6 @@
 #include "dist/comm.h"
 #include "dist/job_store.h"
+#include "dist/thread_slices.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -117,6 +118,9 @@ void Comm::build(const c10::intrusive_ptr<c10d::Store>& base, const std::string&
   if (spec.backend == "nccl")
     throw std::runtime_error("runtime.backend nccl needs a build with -DEDIT_WITH_CUDA=ON");
 #endif
+  // The Gloo device's I/O loop and each group's worker threads start here: they carry the
+  // collectives, so they get short scheduler slices (dist/thread_slices.h).
+  const std::set<int> threadsBefore = processThreads();
   auto device = spec.bindAddr.empty()
                     ? c10d::ProcessGroupGloo::createDefaultDevice()
                     : c10d::ProcessGroupGloo::createDeviceForHostname(spec.bindAddr);
@@ -140,6 +144,7 @@ void Comm::build(const c10::intrusive_ptr<c10d::Store>& base, const std::string&
     world_ = make("world/", spec.rank, spec.world);
     shard_ = make("shard" + std::to_string(replica()) + "/", shard(), spec.shards);
     sync_ = make("sync" + std::to_string(shard()) + "/", replica(), spec.replicas);
+    shortSliceForThreadsSince(threadsBefore);
   } catch (const c10::Error& e) {
     throw PeerLost(std::string("forming the process groups failed (a peer did not arrive): ") +
                    e.what_without_backtrace());
@@ -420,6 +425,7 @@ void CommStream::loop() {
   // at::get_num_threads() first makes ATen set this thread up, which would undo it after.
   (void)at::get_num_threads();
   if (auto* set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))) set(1);
+  shortSliceForThisThread();  // it wakes for every collective (dist/thread_slices.h)
 #ifdef EDIT_WITH_CUDA
   std::unique_ptr<c10::cuda::CUDAStreamGuard> streamGuard;
   if (side_) streamGuard = std::make_unique<c10::cuda::CUDAStreamGuard>(

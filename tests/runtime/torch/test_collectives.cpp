@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "dist/comm.h"
+#include "dist/thread_slices.h"
 #include "test_util.h"
 
 using namespace edit;
@@ -158,4 +159,50 @@ TEST(Collectives, CommStreamRunsItsOpsOnOneThread) {
   EXPECT_EQ(inside, 1);
   EXPECT_EQ(at::get_num_threads(), 2);  // the training thread keeps its team
   at::set_num_threads(1);
+}
+
+TEST(Collectives, ThreadsThatCarryCollectivesGetShortSlicesAndTheTrainingThreadKeepsItsOwn) {
+  // dist/thread_slices.h: the Gloo threads a Comm starts and the communication stream's
+  // thread ask for 100 us slices (EDIT_COMM_SLICE_US's default); the thread that built
+  // them (the training thread) is left alone. Two ranks on threads of this process.
+  if (threadSliceNanos(currentThreadId()) == 0)
+    GTEST_SKIP() << "this kernel reports no slice (Linux < 6.12, no custom slices): nothing to check";
+  const int port = test::freePort();
+  std::vector<int> streamTids(2);
+  std::vector<uint64_t> ownBefore(2), ownAfter(2);
+  std::vector<int> selves(2);
+  test::runRanks(2, [&](int r) {
+    selves[r] = currentThreadId();
+    ownBefore[r] = threadSliceNanos(selves[r]);
+    // The store first (rank 0's server starts a thread per client), both ranks connected,
+    // then the threads as they were before the groups.
+    const auto spec = test::meshFor(r, 1, 2, port);
+    auto store = connectStore(spec);
+    store->add("arrived", 1);
+    while (store->add("arrived", 0) < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto before = processThreads();
+    Comm comm(spec, store, "slices/");
+    CommStream stream(comm);
+    // A collective on the stream: once it returns, both ranks have built their groups
+    // and both streams' threads run.
+    stream.wait(stream.enqueue([&] {
+                  streamTids[r] = currentThreadId();
+                  auto t = torch::ones({1});
+                  comm.allreduce(Group::Shard, t);
+                }),
+                Group::Shard, "probe");
+    ownAfter[r] = threadSliceNanos(selves[r]);
+    EXPECT_EQ(threadSliceNanos(streamTids[r]), 100000u) << "rank " << r << ": the communication thread";
+    int started = 0;
+    for (int tid : processThreads())
+      if (!before.count(tid) && tid != selves[0] && tid != selves[1]) {
+        const uint64_t slice = threadSliceNanos(tid);
+        if (slice == 0 && !processThreads().count(tid)) continue;  // a short-lived thread, gone since
+        ++started;
+        EXPECT_EQ(slice, 100000u) << "rank " << r << ": thread " << tid << ", started by a Comm";
+      }
+    EXPECT_GT(started, 2) << "the Comms started no Gloo thread besides the two streams' threads";
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(ownAfter[r], ownBefore[r]) << "rank " << r << ": the training thread's slice changed";
 }

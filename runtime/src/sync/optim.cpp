@@ -26,7 +26,8 @@ void ShardedAdamW::step(std::vector<FlatUnit>& units, double lr) {
   for (size_t i = 0; i < units.size(); ++i) {
     auto& p = units[i].slice;
     const auto& g = units[i].gradSlice;
-    if (fusedCpuKernels(p) && p.is_contiguous() && g.is_contiguous()) {
+    if (fusedCpuKernels(p) && p.is_contiguous() && g.is_contiguous() && m_[i].is_contiguous() &&
+        v_[i].is_contiguous()) {
       fusedStep(units[i], m_[i], v_[i], lr, bc1, bc2);
       continue;
     }

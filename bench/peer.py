@@ -107,7 +107,7 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--kernels-ab", action="store_true",
                    help="also run ours with EDIT_CPU_KERNELS=aten (LibTorch ops instead of the plain-C++ "
-                        "CPU kernels: attention, RMSNorm, SwiGLU, AdamW) in the same alternation: before/after in one run")
+                        "CPU kernels: attention, RMSNorm, SwiGLU) in the same alternation: before/after in one run")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat()))
     a = p.parse_args()
     if not os.path.exists(a.peer):
@@ -168,8 +168,8 @@ def main():
                   f"| {r['peer_wall']:.1f} s | {r['ours_startup']:.1f} s | {r['ours_rss'] / 1e6:.0f} MB "
                   f"| {r['peer_rss'] / 1e6:.0f} MB |")
     if any("aten_tps" in r for r in results):
-        md += ["", "The same runs of ours with `EDIT_CPU_KERNELS=aten` (attention, RMSNorm, SwiGLU and AdamW "
-               "through LibTorch ops, as before the plain-C++ CPU kernels), alternating with the runs above:", "",
+        md += ["", "The same runs of ours with `EDIT_CPU_KERNELS=aten` (attention, RMSNorm and SwiGLU through "
+               "LibTorch ops, as before the plain-C++ CPU kernels), alternating with the runs above:", "",
                "| model | ours | fused tok/s | LibTorch-ops tok/s | fused / ops | its ratio to the peer | fused RSS "
                "| ops RSS |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in results:

@@ -86,9 +86,8 @@ torch::Tensor applyRope(const torch::Tensor& x, const torch::Tensor& cos, const 
 // anything else through LibTorch ops with the additive mask [>= T, >= T].
 torch::Tensor causalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& mask);
-// Whether rmsNorm, swiglu and the inner AdamW take the plain-C++ kernels
-// (model/pointwise_cpu.h, sync/adamw_cpu.h) for tensors like t: float32 on the CPU,
-// unless EDIT_CPU_KERNELS=aten.
+// Whether rmsNorm and swiglu take the plain-C++ kernels (model/pointwise_cpu.h) for
+// tensors like t: float32 on the CPU, unless EDIT_CPU_KERNELS=aten.
 bool fusedCpuKernels(const torch::Tensor& t);
 // Whether causalAttention takes the fused CPU kernel for tensors like q: the same, and a
 // BLAS sgemm_ loaded in the process.

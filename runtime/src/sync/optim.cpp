@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "model/model.h"
-#include "sync/adamw_cpu.h"
-
 namespace edit {
 
 ShardedAdamW::ShardedAdamW(const TrainingConfig& cfg, const std::vector<FlatUnit>& units)
@@ -26,11 +23,6 @@ void ShardedAdamW::step(std::vector<FlatUnit>& units, double lr) {
   for (size_t i = 0; i < units.size(); ++i) {
     auto& p = units[i].slice;
     const auto& g = units[i].gradSlice;
-    if (fusedCpuKernels(p) && p.is_contiguous() && g.is_contiguous() && m_[i].is_contiguous() &&
-        v_[i].is_contiguous()) {
-      fusedStep(units[i], m_[i], v_[i], lr, bc1, bc2);
-      continue;
-    }
     if (wd_ != 0)
       for (const auto& [start, len] : units[i].decayRanges) p.narrow(0, start, len).mul_(1 - lr * wd_);
     // In blocks: the temporary stays small (and in cache) however large the unit.
@@ -45,30 +37,6 @@ void ShardedAdamW::step(std::vector<FlatUnit>& units, double lr) {
       pb.addcdiv_(mb, denom, -lr / bc1);
     }
   }
-}
-
-void ShardedAdamW::fusedStep(FlatUnit& u, torch::Tensor& m, torch::Tensor& v, double lr, double bc1, double bc2) {
-  cpu_optim::AdamWCoefficients c{static_cast<float>(beta1_), static_cast<float>(beta2_), static_cast<float>(eps_),
-                                 static_cast<float>(lr / bc1), static_cast<float>(1 / std::sqrt(bc2)), 1.f};
-  float* p = u.slice.data_ptr<float>();
-  const float* g = u.gradSlice.data_ptr<float>();
-  float* mp = m.data_ptr<float>();
-  float* vp = v.data_ptr<float>();
-  auto update = [&](int64_t lo, int64_t hi, float decay) {
-    c.decay = decay;
-    at::parallel_for(lo, hi, kBlock, [&](int64_t first, int64_t last) {
-      cpu_optim::adamWUpdate(p, g, mp, vp, c, first, last);
-    });
-  };
-  // The slice in runs: decayed ranges (matrices; in layout order) and the gaps between.
-  const float decay = static_cast<float>(1 - lr * wd_);
-  int64_t at = 0;
-  for (const auto& [start, len] : u.decayRanges) {
-    if (start > at) update(at, start, 1.f);
-    update(start, start + len, decay);
-    at = start + len;
-  }
-  if (at < u.slice.numel()) update(at, u.slice.numel(), 1.f);
 }
 
 double learningRate(const TrainingConfig& cfg, double t, int64_t totalSteps) {

@@ -21,9 +21,6 @@ class ShardedAdamW {
   std::vector<torch::Tensor>& v() { return v_; }
 
  private:
-  // float32 on the CPU: one pass per element (sync/adamw_cpu.h) instead of LibTorch ops.
-  void fusedStep(FlatUnit& u, torch::Tensor& m, torch::Tensor& v, double lr, double bc1, double bc2);
-
   double beta1_, beta2_, eps_, wd_;
   int64_t t_ = 0;
   std::vector<torch::Tensor> m_, v_;

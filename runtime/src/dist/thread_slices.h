@@ -5,10 +5,11 @@
 // them on a core where the training thread is computing. With the kernel's default slice
 // (0.75-3 ms by core count; 1.4 ms on the 2-core bench machine) the woken thread may wait
 // out the training thread's slice before it runs, at every hop: a 300 KB all-gather between
-// two ranks took about 1 ms, and prefetch hid little of it. Since Linux 6.12 a thread of the normal policy can ask for a shorter slice
-// (sched_attr.sched_runtime, 0.1-100 ms, no privilege needed), and a waking thread with a
-// shorter slice than the running one preempts it. These threads work in short bursts, so
-// a short slice costs them nothing; the training thread keeps the default.
+// two ranks took about 1 ms, and prefetch hid little of it. Since Linux 6.12 a thread of
+// the normal policy can ask for a shorter slice (sched_attr.sched_runtime, 0.1-100 ms, no
+// privilege needed), and a waking thread with a shorter slice than the running one
+// preempts it. These threads work in short bursts, so a short slice costs them little;
+// the training thread keeps the default.
 //
 // Older kernels ignore the request; a failure is ignored too (the default slice is only
 // slower). EDIT_COMM_SLICE_US sets the slice in microseconds (default 100; 0 leaves every

@@ -32,22 +32,30 @@ uint64_t sliceNanos() {
   return ns;
 }
 
-void shortSlice(int tid) {
-#if defined(__linux__) && defined(SYS_sched_setattr) && defined(SYS_sched_getattr)
-  const uint64_t ns = sliceNanos();
-  if (ns == 0) return;
-  SchedAttr a;
+// The thread's scheduling attributes, if it runs under a policy with a slice (normal or
+// batch; real-time threads have none).
+bool sliceAttributes(int tid, SchedAttr& a) {
+#if defined(__linux__) && defined(SYS_sched_getattr)
   std::memset(&a, 0, sizeof a);
-  // Keep the thread's policy and nice value: only the slice changes, and only for the
-  // normal and batch policies (real-time threads have no slice to shorten).
-  if (syscall(SYS_sched_getattr, tid, &a, sizeof a, 0) != 0) return;
-  if (a.policy != SCHED_OTHER && a.policy != SCHED_BATCH) return;
+  if (syscall(SYS_sched_getattr, tid, &a, sizeof a, 0) != 0) return false;
+  return a.policy == SCHED_OTHER || a.policy == SCHED_BATCH;
+#else
+  (void)tid;
+  (void)a;
+  return false;
+#endif
+}
+
+void shortSlice(int tid) {
+  const uint64_t ns = sliceNanos();
+  SchedAttr a;
+  // Keep the thread's policy and nice value: only the slice changes.
+  if (ns == 0 || !sliceAttributes(tid, a)) return;
   a.size = sizeof a;
   a.flags = 0;
   a.runtime = ns;
+#ifdef SYS_sched_setattr
   (void)syscall(SYS_sched_setattr, tid, &a, 0);
-#else
-  (void)tid;
 #endif
 }
 
@@ -66,15 +74,8 @@ std::set<int> processThreads() {
 int currentThreadId() { return static_cast<int>(syscall(SYS_gettid)); }
 
 uint64_t threadSliceNanos(int tid) {
-#if defined(__linux__) && defined(SYS_sched_getattr)
   SchedAttr a;
-  std::memset(&a, 0, sizeof a);
-  if (syscall(SYS_sched_getattr, tid, &a, sizeof a, 0) != 0) return 0;
-  return a.policy == SCHED_OTHER || a.policy == SCHED_BATCH ? a.runtime : 0;
-#else
-  (void)tid;
-  return 0;
-#endif
+  return sliceAttributes(tid, a) ? a.runtime : 0;
 }
 
 void shortSliceForThisThread() { shortSlice(currentThreadId()); }

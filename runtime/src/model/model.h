@@ -69,6 +69,10 @@ Rope makeRope(const ModelShape& s, int64_t seqLen);
 // parameters: attn_norm, wqkv ([3 dim, dim]: the q, k and v projections stacked), wo,
 // ffn_norm, w13 ([2 ffn, dim]: the gate w1 and up w3 projections stacked), w2.
 torch::Tensor embedForward(const std::vector<torch::Tensor>& p, const torch::Tensor& tokens);
+// Whether a unit's backward reads its parameters' values. The embedding's does not: its
+// gradient is the output gradient scattered to the token ids, so a sharded step need not
+// gather the table again for it (with a real vocabulary, the largest unit).
+inline bool backwardReadsParameters(UnitKind k) { return k != UnitKind::Embedding; }
 torch::Tensor blockForward(const std::vector<torch::Tensor>& p, const torch::Tensor& x,
                            const Rope& rope, const ModelShape& s);
 // Returns the mean cross-entropy of next-token prediction.

@@ -427,10 +427,14 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   // parameters, and reduce-scatter the buffer into gradSlice on the communication stream
   // while the backward goes on. Across replicas (ddp, warm-up) the slices are averaged.
   const bool averageReplicas = synchronousAt(t) && comm_->replicas() > 1;
-  const bool regather = sharded && reshardAfterForward_;
+  // (The last unit stays gathered from its forward; the embedding's backward needs only
+  // the token ids.)
+  auto regather = [&](size_t u) {
+    return sharded && reshardAfterForward_ && u + 1 < U && backwardReadsParameters(units_[u].layout.kind);
+  };
   std::vector<Pending> gathered(U), reduced;
   auto ensureBack = [&](size_t u) {
-    if (regather && u + 1 < U && !gathered[u].valid()) gathered[u] = prepareUnit(u, false, nullptr, nullptr);
+    if (regather(u) && !gathered[u].valid()) gathered[u] = prepareUnit(u, false, nullptr, nullptr);
   };
   // Across replicas the gradient slices are all-reduced in buckets of neighbouring units
   // (runtime.bucketMB): a bucket goes once its lowest unit is reduced inside the replica,
@@ -482,7 +486,7 @@ double Trainer::trainStep(int64_t t, bool sync, StepOutcome& out) {
   for (size_t u = U; u-- > 0;) {
     if (u + 1 < U) {
       for (size_t k = 0; k <= depth && k <= u; ++k) ensureBack(u - k);
-      if (regather) stream_->wait(gathered[u], Group::Shard, "allgather");
+      if (regather(u)) stream_->wait(gathered[u], Group::Shard, "allgather");
     } else {
       for (size_t k = 1; k <= depth && k <= u; ++k) ensureBack(u - k);
     }

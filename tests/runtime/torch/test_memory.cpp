@@ -99,6 +99,40 @@ TEST(Zero3Memory, WithoutReshardAfterForwardTheWholeModelIsGatheredOnce) {
   std::filesystem::remove_all(dir);
 }
 
+// ZeRO-3's traffic inside a replica, as a user reads it from edit_comm_bytes_total
+// {op="allgather",group="shard"}: each step gathers every unit for its forward, then the
+// blocks again for their backward. Not the head (kept from its forward to its backward)
+// and not the embedding (its backward reads only the token ids), whose table is the
+// largest unit with a real vocabulary.
+TEST(Zero3Traffic, TheBackwardGathersOnlyTheUnitsWhoseWeightsItReads) {
+  at::set_num_threads(1);
+  const auto dir = test::tempDir("edit-traffic");
+  auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 7));
+  c.model.layers = 3;
+  c.training.steps = 5;
+  c.algorithm.mode = "ddp";  // no sync rounds: the shard group carries only the step's gathers
+  const int N = 2;
+  const int port = test::freePort();
+  std::vector<CommCounts> counts(N);
+  test::runRanks(N, [&](int r) {
+    Trainer tr(c, test::meshFor(r, 1, N, port));
+    tr.run();
+    counts[r] = tr.comm().counters();
+  });
+  int64_t forward = 0, backward = 0;  // bytes a rank sends per step: (N - 1) x its slice
+  for (const auto& u : modelLayout(shapeOf(c.model))) {
+    const int64_t sent = 4 * (N - 1) * ((u.numel + N - 1) / N);
+    forward += sent;
+    if (u.kind == UnitKind::Block) backward += sent;
+  }
+  for (int r = 0; r < N; ++r) {
+    const auto& g = counts[r][{"allgather", "shard"}];
+    EXPECT_EQ(g.bytes, static_cast<uint64_t>(c.training.steps * (forward + backward))) << "rank " << r;
+    EXPECT_EQ(g.calls, static_cast<uint64_t>(c.training.steps * (2 + 2 * c.model.layers))) << "rank " << r;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Zero3Memory, UnshardedRanksUseNoBuffers) {
   at::set_num_threads(1);
   const auto dir = test::tempDir("edit-mem3");

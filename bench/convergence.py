@@ -368,14 +368,13 @@ def write_plots(out, results, tps):
             stem = f"conv_{layout}_{label.replace(' ', '_').replace('(', '').replace(')', '')}"
             with open(os.path.join(data, stem + ".train.dat"), "w") as f:
                 f.write("# job_tokens train_loss\n")
-                # The series counts one rank per replica: times N for every rank's tokens.
                 for _, tok, loss in r["series"]:
-                    f.write(f"{tok * N} {loss:.5f}\n")
+                    f.write(f"{tok} {loss:.5f}\n")
             with open(os.path.join(data, stem + ".val.dat"), "w") as f:
                 f.write("# job_tokens val_loss (mean of replicas); the last point: the final model\n")
                 for step, v in r.get("val_curve", []):
                     f.write(f"{step * W * tps} {v:.5f}\n")
-                f.write(f"{r['job_tokens'] * N} {r['val_loss']:.5f}\n")
+                f.write(f"{r['job_tokens']} {r['val_loss']:.5f}\n")
             files[label] = stem
         term = "set terminal pngcairo size 900,560 font 'sans,10'" if has_cairo() else "set terminal png size 900,560"
         gp = [term, "set grid", "set key top right", "set xlabel 'job tokens'"]

@@ -160,7 +160,10 @@ def analyze(workers, wall, layout, cfg, fpt):
     # edit-train's own count (model.cpp), to check bench/common.py's copy against (--check).
     res["runtime_flops_per_token"] = S[0].get("flops_per_token")
     heads = [w for w in workers if w.rank % N == 0]  # one rank per replica
-    job_tokens = sum(w.summary["tokens"] for w in heads)
+    # Every rank trains on batches of its own (a replica's N shards are data parallel
+    # inside it), so the job's tokens are the sum over all ranks. (Until 2026-12-07 this
+    # summed one rank per replica: a sharded layout's tokens/s and MFU read 1/N too low.)
+    job_tokens = sum(w.summary["tokens"] for w in workers)
     train_s = max(s["seconds"] for s in S)
     res.update(job_tokens=job_tokens, train_s=train_s, tps=job_tokens / train_s,
                val_loss=S[0].get("val_loss"), syncs=S[0].get("sync_rounds", 0),
@@ -195,7 +198,7 @@ def analyze(workers, wall, layout, cfg, fpt):
     try:
         t_w = max(next(t for t, j in w.progress if j["step"] == warm) for w in workers)
         t_e = max(w.progress[-1][0] for w in workers)
-        tok = sum(w.progress[-1][1]["tokens"] - warm * cfg["tokens_per_step"] for w in heads)
+        tok = sum(w.progress[-1][1]["tokens"] - warm * cfg["tokens_per_step"] for w in workers)
         res["tps_steady"] = tok / (t_e - t_w) if t_e > t_w else None
         res["t_warm"] = t_w
     except StopIteration:
@@ -207,14 +210,15 @@ def analyze(workers, wall, layout, cfg, fpt):
     res["median_local_step_s"] = statistics.median(local) if local else None
     res["median_step_s"] = statistics.median(allsteps) if allsteps else None
     # A merged series over replicas: at each progress line of a replica's first rank, the
-    # job's tokens so far (sum over replicas) and the mean over replicas of each one's
-    # training loss averaged over its last 5 steps.
+    # job's tokens so far (sum over replicas of N x that rank's: a replica's shards step in
+    # lockstep) and the mean over replicas of each one's training loss averaged over its
+    # last 5 steps.
     events = sorted((t, w.rank // N, j) for w in heads for t, j in w.progress)
     last_tokens = [0] * M
     recent = [[] for _ in range(M)]
     series = []
     for t, m, j in events:
-        last_tokens[m] = j["tokens"]
+        last_tokens[m] = N * j["tokens"]
         recent[m] = (recent[m] + [j["loss"]])[-5:]
         if all(recent):
             series.append((t, sum(last_tokens), statistics.mean(statistics.mean(r) for r in recent)))
@@ -222,6 +226,61 @@ def analyze(workers, wall, layout, cfg, fpt):
     res["gflops"] = fpt * res["tps"] / 1e9
     res["gflops_steady"] = fpt * res["tps_steady"] / 1e9 if res["tps_steady"] else None
     return res
+
+
+def write_base_config(args, out):
+    """The base configuration of every run (bench-config.yaml in `out`); a run's own
+    differences are --set overrides. Sets args.base_config."""
+    base = os.path.join(out, "bench-config.yaml")
+    with open(base, "w") as f:
+        f.write(f"""# Base configuration of every benchmark run (bench/run.py writes it; per-run
+# differences are passed as --set overrides and listed in results.json).
+model:
+  preset: tiny
+data:
+  train: {os.path.join(ROOT, 'data/brown/train.bin')}
+  val: {os.path.join(ROOT, 'data/brown/val.bin')}
+  seqLen: {args.seq}
+  batchSize: {args.batch}
+  valBatches: {4 if args.quick else 16}
+training:
+  steps: {args.steps}
+  lr: 3.0e-3
+  minLr: 3.0e-4
+  lrWarmupSteps: {max(1, args.warmup)}
+  logEvery: 1
+algorithm:
+  warmupSteps: {args.warmup}
+  syncInterval: {args.tau}
+  outer:
+    lr: 0.7
+    momentum: 0.8
+  penalty:
+    anomalyWarmup: 5
+checkpoint:
+  dir: ""
+""")
+    args.base_config = base
+
+
+def snapshot_binary(args, tmp):
+    """A private copy of the worker binary: the same build for every run even if the build
+    tree is relinked while the sweep runs (a half-written binary fails to exec). Sets
+    args.bin_dir; False if no working copy could be made."""
+    snap = os.path.join(tmp, "bin")
+    os.makedirs(snap, exist_ok=True)
+    for attempt in range(20):
+        try:
+            shutil.copy2(os.path.join(args.bin_dir, "edit-train"), snap)
+            if run_cmd([os.path.join(snap, "edit-train"), "--print-config"], check=False).returncode == 0:
+                args.bin_dir = snap
+                return True
+        except OSError:
+            pass
+        log("edit-train is being rebuilt? retrying in 5 s")
+        time.sleep(5)
+    log("cannot get a working copy of edit-train")
+    return False
 
 
 # ----------------------------------------------------------------------------- GEMM
@@ -353,54 +412,10 @@ def main(argv):
     cfg_common = dict(batch=args.batch, seq=args.seq, tokens_per_step=tps_step, steps=args.steps,
                       warmup=args.warmup, tau=args.tau, flops_per_token=flops_per_token(TINY, args.seq),
                       load_start=f"{os.getloadavg()[0]:.1f}", gemm_square=512 if args.quick else 2048)
-    base = os.path.join(out, "bench-config.yaml")
-    with open(base, "w") as f:
-        f.write(f"""# Base configuration of every benchmark run (bench/run.py writes it; per-run
-# differences are passed as --set overrides and listed in results.json).
-model:
-  preset: tiny
-data:
-  train: {os.path.join(ROOT, 'data/brown/train.bin')}
-  val: {os.path.join(ROOT, 'data/brown/val.bin')}
-  seqLen: {args.seq}
-  batchSize: {args.batch}
-  valBatches: {4 if args.quick else 16}
-training:
-  steps: {args.steps}
-  lr: 3.0e-3
-  minLr: 3.0e-4
-  lrWarmupSteps: {max(1, args.warmup)}
-  logEvery: 1
-algorithm:
-  warmupSteps: {args.warmup}
-  syncInterval: {args.tau}
-  outer:
-    lr: 0.7
-    momentum: 0.8
-  penalty:
-    anomalyWarmup: 5
-checkpoint:
-  dir: ""
-""")
-    args.base_config = base
+    write_base_config(args, out)
 
-    # A private copy of the worker binary: the same build for every run even if the build
-    # tree is relinked while the sweep runs (a half-written binary fails to exec).
-    snap = os.path.join(tmp, "bin")
-    os.makedirs(snap)
-    for attempt in range(20):
-        try:
-            shutil.copy2(os.path.join(args.bin_dir, "edit-train"), snap)
-            if run_cmd([os.path.join(snap, "edit-train"), "--print-config"], check=False).returncode == 0:
-                break
-        except OSError:
-            pass
-        log("edit-train is being rebuilt? retrying in 5 s")
-        time.sleep(5)
-    else:
-        log("cannot get a working copy of edit-train")
+    if not snapshot_binary(args, tmp):
         return 2
-    args.bin_dir = snap
     log(f"results -> {out}; logs -> {tmp}")
     gemm = run_gemm(args, tps_step, args.seq)
     if gemm:
@@ -535,6 +550,13 @@ checkpoint:
                 problems.append(f"run {layout} {scen} {label} failed")
             if label in MODES and not re.search(rf"^\| {re.escape(scen)} \| {re.escape(label)} \| \d", text, re.M):
                 problems.append(f"no table row for {layout} {scen} {label}")
+            # A run of a fixed step count (not a-edit, whose replicas step at their own pace):
+            # every rank trains steps x batch x seq tokens of its own.
+            M, N = LAYOUTS[layout]
+            want = args.steps * M * N * tps_step
+            if r.get("ok") and r["sets"][0] != "algorithm.mode=a-edit" and r["job_tokens"] != want:
+                problems.append(f"run {layout} {scen} {label}: {r['job_tokens']} job tokens, expected {want} "
+                                f"({args.steps} steps x {M * N} ranks x {tps_step})")
             runtime_fpt = r.get("runtime_flops_per_token")
             if runtime_fpt is not None and not math.isclose(runtime_fpt, cfg_common["flops_per_token"], rel_tol=1e-9):
                 problems.append(f"run {layout} {scen} {label}: edit-train counts {runtime_fpt} FLOPs per token, "

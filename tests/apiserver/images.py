@@ -12,6 +12,16 @@ import subprocess
 import threading
 
 
+def local_image_id(ref):
+    """The image's ID in Buildah's local storage, None when it is not there or Buildah is
+    missing (the tests of the image mode skip then)."""
+    if not shutil.which("buildah"):
+        return None
+    res = subprocess.run(["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref],
+                         capture_output=True, text=True)
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
 class ImageError(Exception):
     """The image cannot be used (not in local storage, buildah missing): ErrImagePull."""
 

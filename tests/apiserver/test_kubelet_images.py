@@ -9,25 +9,16 @@ Run:  python3 tests/apiserver/test_kubelet_images.py -v
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from images import local_image_id as image_id  # noqa: E402
 from standin_fixture import StandInCase  # noqa: E402
 
 PODS = "/api/v1/namespaces/default/pods"
 IMAGE = os.environ.get("STANDIN_TEST_IMAGE", "localhost/debian:bookworm")
-
-
-def image_id(ref):
-    """The image's ID in Buildah's local storage, None when it is not there."""
-    if not shutil.which("buildah"):
-        return None
-    res = subprocess.run(["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref],
-                         capture_output=True, text=True)
-    return res.stdout.strip() if res.returncode == 0 else None
 
 
 def pod(name, command=None, policy="Never", image=IMAGE, **container):

@@ -7,8 +7,6 @@ Run:  python3 tests/e2e/test_image_runtime.py -v
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
 import unittest
@@ -16,17 +14,11 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as h  # noqa: E402
 
+sys.path.insert(0, os.path.join(h.ROOT, "tests", "apiserver"))
+from images import local_image_id  # noqa: E402
+
 
 RUNTIME_IMAGE = os.environ.get("EDIT_RUNTIME_IMAGE", "localhost/edit-runtime:latest")
-
-
-def local_image_id(ref):
-    """The image's ID in Buildah's local storage, None when it is not built."""
-    if not shutil.which("buildah"):
-        return None
-    res = subprocess.run(["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref],
-                         capture_output=True, text=True)
-    return res.stdout.strip() if res.returncode == 0 else None
 
 
 class ImageRuntime(unittest.TestCase):

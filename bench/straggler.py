@@ -21,6 +21,7 @@ import atexit
 import datetime
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -63,6 +64,9 @@ def main(argv):
     started = datetime.datetime.now()
     out = a.out or os.path.join(ROOT, "bench", "results", started.strftime("%Y-%m-%d"))
     os.makedirs(out, exist_ok=True)
+    if not os.path.exists(os.path.join(ROOT, "data", "brown", "train.bin")):
+        log("data/brown missing: run scripts/prepare-data.sh (make data) first")
+        return 2
     tmp = tempfile.mkdtemp(prefix="edit-straggler-")
     atexit.register(sweep.stop_live)
     sweep.write_base_config(a, tmp)
@@ -136,6 +140,7 @@ def main(argv):
         json.dump(dict(args={k: v for k, v in vars(a).items() if isinstance(v, (int, float, str, bool))},
                        rows=rows), f, indent=1)
     log(f"wrote {out}/straggler.md")
+    shutil.rmtree(tmp, ignore_errors=True)
     if a.check:
         if "| layout | mode | step time" not in open(os.path.join(out, "straggler.md")).read():
             problems.append("straggler.md has no table")

@@ -14,6 +14,7 @@ the model's shapes (edit-gemm-bench: the better of 2 single-thread streams and o
 
     python3 bench/peer.py --peer ../shared/peers/torch_peer.py      # tiny and small, 4x1
     python3 bench/peer.py --models tiny --reps 1 --steps 30          # quicker
+    python3 bench/peer.py --models 100m --steps 2 --batch 1          # start-up of a 100M model: the walls
 """
 import argparse
 import datetime
@@ -31,6 +32,8 @@ from common import ROOT, blas_coretype, log  # noqa: E402
 MODELS = {  # common/src/worker_config.cpp presets
     "tiny": dict(dim=128, layers=4, heads=4, ffn=352),
     "small": dict(dim=256, layers=6, heads=8, ffn=704),
+    # bench/memory.py's ~100M model: with --steps 2 --batch 1 the walls compare start-up.
+    "100m": dict(dim=1024, layers=8, heads=16, ffn=2752),
 }
 VOCAB = 256
 

@@ -28,12 +28,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, blas_coretype, log  # noqa: E402
+from memory import MODEL_100M  # noqa: E402
 
 MODELS = {  # common/src/worker_config.cpp presets
     "tiny": dict(dim=128, layers=4, heads=4, ffn=352),
     "small": dict(dim=256, layers=6, heads=8, ffn=704),
     # bench/memory.py's ~100M model: with --steps 2 --batch 1 the walls compare start-up.
-    "100m": dict(dim=1024, layers=8, heads=16, ffn=2752),
+    "100m": dict(dim=MODEL_100M["dim"], layers=MODEL_100M["layers"], heads=MODEL_100M["heads"],
+                 ffn=MODEL_100M["ffnDim"]),
 }
 VOCAB = 256
 

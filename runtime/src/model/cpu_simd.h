@@ -1,7 +1,7 @@
 // What the plain-C++ CPU kernels (attention_cpu.cpp, pointwise_cpu.cpp) share: per-CPU
 // clones of their row loops, the lane width those loops are written for, an exp without
-// branches or library calls, and a dot product. Included by those .cpp files only (compiled with -O3
-// and without the LibTorch precompiled header).
+// branches or library calls, and a dot product. Included by those .cpp files only
+// (compiled with -O3 and without the LibTorch precompiled header).
 #pragma once
 
 #include <cstdint>

@@ -2,14 +2,14 @@
 """Memory per worker of ZeRO-3 inside a replica (docs/memory.md), against the plan and a peer.
 
 Runs a ~100M-parameter Llama (dim 1024, 8 layers, 16 heads, ffn 2752, byte vocabulary;
-batch 1 x seq 128, 3 steps) with `edit` on 4 local workers in each layout (1x4, 2x2, 4x1),
-with the recovery snapshot in memory and on disk (runtime.recoverySnapshotDir),
-the `llama-350m` preset in 1x4 for 2 steps, and the same 100M model under the plain
-PyTorch DiLoCo peer (4 processes, unsharded). Reports the largest worker's peak RSS
-(getrusage, as the kernel's OOM killer and a pod's memory limit see it) next to the
-runtime's own plan of its state and full-size buffers. With --baseline-bin it also runs the
-tiny preset's throughput (4x1 and 2x2) with both builds back to back, so a memory change
-is checked not to cost speed.
+batch 1 x seq 128, 3 steps, a sync round every 2) with `edit` on 4 local workers in each
+layout (1x4, 2x2, 4x1), the `llama-350m` preset in 1x4 for 2 steps, and the same 100M
+model under the plain PyTorch DiLoCo peer (4 processes, unsharded). Reports the largest
+worker's peak RSS (getrusage, as the kernel's OOM killer and a pod's memory limit see it)
+next to the runtime's own plan of its state and full-size buffers. With --baseline-bin it
+also runs the 100M layouts with that build, and the tiny preset's throughput (4x1 and 2x2)
+with both builds back to back, so a memory change is measured before and after in one run
+and checked not to cost speed.
 
     python3 bench/memory.py                       # writes bench/results/<date>/memory.md
     python3 bench/memory.py --baseline-bin /path/to/older/build/runtime
@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,28 +100,24 @@ def main():
     model = QUICK_MODEL if a.quick else MODEL_100M
     steps = 1 if a.quick else 3
     rows = []
-    # The recovery snapshot (2P/N) in memory (the default) or in an unlinked file on disk
-    # (runtime.recoverySnapshotDir; /var/tmp, which is not tmpfs here).
-    snapdir = tempfile.mkdtemp(prefix="edit-snap-", dir="/var/tmp")
+    builds = [("this build", a.bin_dir)] + ([("baseline", a.baseline_bin)] if a.baseline_bin else [])
     for layout, shards in (("1x4", 4), ("2x2", 2), ("4x1", 1)):
-        for snapshot in ("memory", "disk"):
-            log(f"edit {layout}, {model['dim']}x{model['layers']} model, recovery snapshot in {snapshot}")
-            sets = [f"runtime.recoverySnapshotDir={snapdir}"] if snapshot == "disk" else []
-            r = run_edit(a.bin_dir, yaml_config(model, steps, 1, 128), 4, shards, sets=sets, env=env)
+        for build, bdir in builds:
+            log(f"edit {layout}, {model['dim']}x{model['layers']} model, {build}")
+            r = run_edit(bdir, yaml_config(model, steps, 1, 128), 4, shards, env=env)
             ok = r["code"] == 0 and len(r["summaries"]) == 4
             peak = max((s.get("peak_rss_bytes", 0) for s in r["summaries"]), default=0)
             plan = r["summaries"][0]["memory_plan"] if r["summaries"] else {}
             rows.append(dict(layout=layout, model="100M" if not a.quick else "quick", code=r["code"], ok=ok,
-                             snapshot=snapshot, peak_rss=peak, plan_state=plan.get("state"),
+                             build=build, peak_rss=peak, plan_state=plan.get("state"),
                              plan_buffers=plan.get("buffers"), plan=plan, wall=r["wall"],
                              target_gb=None if a.quick else TARGETS_GB[layout]))
-    shutil.rmtree(snapdir, ignore_errors=True)
     if not a.quick:
         log("llama-350m 1x4, 2 steps")
         r = run_edit(a.bin_dir, yaml_config(dict(preset="llama-350m", vocabSize=256), 2, 1, 128), 4, 4, env=env)
         peak = max((s.get("peak_rss_bytes", 0) for s in r["summaries"]), default=0)
         plan = r["summaries"][0]["memory_plan"] if r["summaries"] else {}
-        rows.append(dict(layout="1x4", model="llama-350m", code=r["code"], ok=r["code"] == 0, peak_rss=peak, snapshot="memory",
+        rows.append(dict(layout="1x4", model="llama-350m", code=r["code"], ok=r["code"] == 0, peak_rss=peak, build="this build",
                          plan_state=plan.get("state"), plan_buffers=plan.get("buffers"), plan=plan,
                          wall=r["wall"], target_gb=None))
 
@@ -152,27 +147,26 @@ def main():
     md = [f"# Memory per worker (ZeRO-3 inside a replica), {out['date']}", "",
           "Largest worker's peak RSS (getrusage) on this 2-core, 24 GiB machine; `edit`, 4 local workers,",
           f"batch 1 x seq 128, {steps} steps; the runtime's plan (docs/memory.md) of its state (slices of",
-          "parameters, gradients, AdamW, outer weights + momentum, recovery snapshot) and full-size buffers.",
+          "parameters, gradients, AdamW, outer weights + momentum) and full-size buffers.",
           "The rest of the RSS is activations, LibTorch/OpenBLAS/Gloo (about 0.2 GB for a tiny model).", "",
-          "| model | layout | recovery snapshot | peak RSS per worker | plan: state | plan: buffers | target | result |",
+          "| model | layout | build | peak RSS per worker | plan: state | plan: buffers | target | result |",
           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         verdict = "failed (exit %d)" % r["code"] if not r["ok"] else (
             "met" if r["target_gb"] and r["peak_rss"] <= r["target_gb"] * 1e9 else
             ("missed" if r["target_gb"] else "ran"))
         target = f"<= {r['target_gb']} GB" if r["target_gb"] else "–"
-        md.append(f"| {r['model']} | {r['layout']} | {r['snapshot']} | {gb(r['peak_rss'])} | {gb(r['plan_state'])} | "
+        md.append(f"| {r['model']} | {r['layout']} | {r['build']} | {gb(r['peak_rss'])} | {gb(r['plan_state'])} | "
                   f"{gb(r['plan_buffers'])} | {target} | {verdict} |")
     if peer:
         md += ["", f"PyTorch DiLoCo peer (`torch_peer.py --mode diloco`, 4 processes, the same model, unsharded: "
                f"parameters, gradients, AdamW, outer weights and momentum on every process): largest process "
                f"{gb(peer['peak_rss'])} (exit {peer['code']})."]
-        for snapshot in ("memory", "disk"):
+        for build, _ in builds:
             four = next((r for r in rows if r["layout"] == "4x1" and r["model"] != "llama-350m"
-                         and r["snapshot"] == snapshot), None)
+                         and r["build"] == build), None)
             if four and four["peak_rss"] and peer["peak_rss"]:
-                md.append(f"edit 4x1, recovery snapshot in {snapshot} / peer: "
-                          f"{four['peak_rss'] / peer['peak_rss']:.2f}x.")
+                md.append(f"edit 4x1, {build} / peer: {four['peak_rss'] / peer['peak_rss']:.2f}x.")
     if tps:
         md += ["", "Tiny preset tokens/s (examples/local/tiny.yaml, 4 workers), this build and the baseline, "
                "back to back in this run:", "", "| layout | build | tokens/s | peak RSS |", "| --- | --- | --- | --- |"]

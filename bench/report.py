@@ -144,8 +144,7 @@ def write_report(out, args, cfg_common, results, gemm, links, skipped, started, 
     A("## Memory: the outer state")
     A("")
     A("Analytic extra memory of EDiT's outer state (outer weights + outer momentum, fp32, per "
-      "worker) = 2 x params/N x 4 bytes, plus as much again for the recovery snapshot with in-place "
-      "recovery (docs/memory.md); measured = peak RSS of edit minus that of ddp (normal "
+      "worker) = 2 x params/N x 4 bytes (docs/memory.md); measured = peak RSS of edit minus that of ddp (normal "
       "scenario, largest worker). `offloadOuterState` is a no-op in the CPU build (the state is "
       "already in host memory; docs/design-decisions.md), so on/off cannot differ here (`--offload-run` "
       "adds a run with it on to show that).")

@@ -213,11 +213,6 @@ std::vector<Field> fieldsOf(Config& c) {
   D("runtime.rendezvousTimeoutSeconds", c.runtime.rendezvousTimeoutSeconds,
     nums(1, 7 * 86400, true, false),
     "How long ranks wait for each other to form (or re-form) the process groups.");
-  S("runtime.recoverySnapshotDir", c.runtime.recoverySnapshotDir, str(kMaxPath),
-    "Where in-place recovery keeps the outer state of the sync round in progress (2 x "
-    "parameters / shards bytes) - empty keeps it in memory; a directory on disk keeps it "
-    "in an unlinked file there, out of the worker's resident memory (not tmpfs, which is "
-    "memory). Written at every sync round.");
   B("runtime.reshardAfterForward", c.runtime.reshardAfterForward,
     "ZeRO-3 - free a unit's gathered parameters after its forward and gather them "
     "again for its backward; false keeps them to the backward (less communication, "

@@ -132,7 +132,19 @@ std::string nodeKind(const YAML::Node& n) {
   return "\"" + n.Scalar() + "\"";
 }
 
+// Keys a release removed, and what to do instead: a config written for an older release
+// gets this, not a bare "unknown key".
+const std::map<std::string, std::string>& removedKeys() {
+  static const std::map<std::string, std::string> m{
+      {"runtime.recoverySnapshotDir",
+       "removed: in-place recovery keeps no copy of the outer state any more (the survivors roll forward "
+       "from their sync-group peers, docs/replica-recovery.md); delete the key"},
+  };
+  return m;
+}
+
 [[noreturn]] void unknownKey(const std::string& parent, const std::string& path) {
+  if (auto it = removedKeys().find(path); it != removedKeys().end()) throw ConfigError(path + ": " + it->second);
   const auto& kids = schema().children.at(parent);
   throw ConfigError(path + ": unknown key (allowed " + (parent.empty() ? "top-level keys" : "under " + parent) +
                     ": " + join(kids) + ")");

@@ -166,10 +166,6 @@ struct RuntimeConfig {
   // 75 so the launcher restarts the gang from the newest checkpoint.
   std::string recovery = "inPlace";
   double rendezvousTimeoutSeconds = 600;  // how long survivors wait for replacements
-  // In-place recovery keeps the outer state of the round in progress (2P/N bytes). Empty:
-  // in memory. A directory: in an unlinked file there, page cache the kernel can write
-  // back and evict, so the worker's resident memory does not hold it (docs/memory.md).
-  std::string recoverySnapshotDir;
   // ZeRO-3 (true): a unit's gathered parameters are freed after its forward and gathered
   // again for its backward. false: kept until the backward (ZeRO-2's memory: one all-gather
   // per step instead of two). docs/memory.md.

@@ -47,12 +47,12 @@ TEST(RuntimeConfig, ReplicaRecoveryBecomesRuntimeRecovery) {
 TEST(RuntimeConfig, RuntimeSectionReachesTheWorkerWithRecoveryFromRunPolicy) {
   json spec = {{"image", "i"},
                {"runPolicy", {{"replicaRecovery", "GangRestart"}}},
-               {"runtime", {{"bucketMB", 8}, {"reshardAfterForward", false}, {"recoverySnapshotDir", "/scratch"},
+               {"runtime", {{"bucketMB", 8}, {"reshardAfterForward", false}, {"backend", "gloo"},
                             {"rendezvousTimeoutSeconds", 120}, {"threads", 3}}}};
   edit::Config c = edit::parseConfig(controller::workerConfigYaml(makeJob(spec)));
   EXPECT_EQ(c.runtime.bucketMB, 8);
   EXPECT_FALSE(c.runtime.reshardAfterForward);
-  EXPECT_EQ(c.runtime.recoverySnapshotDir, "/scratch");
+  EXPECT_EQ(c.runtime.backend, "gloo");  // the default is auto
   EXPECT_DOUBLE_EQ(c.runtime.rendezvousTimeoutSeconds, 120);
   EXPECT_EQ(c.runtime.threads, 3);
   EXPECT_EQ(c.runtime.recovery, "exit");

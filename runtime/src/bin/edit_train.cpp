@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
               {"memory_plan", {{"state", res.memory.state()}, {"buffers", res.memory.buffers},
                                {"parameters", res.memory.parameters}, {"gradients", res.memory.gradients},
                                {"optimizer", res.memory.optimizer}, {"outer", res.memory.outer},
-                               {"snapshot", res.memory.snapshot}, {"overlap", res.memory.overlap}}},
+                               {"overlap", res.memory.overlap}}},
               // Efficiency reports (scripts/gpu-smoke.sh): model FLOPs, and the time of
               // the steps and of the synchronization work within them.
               {"params", parameterCount(shapeOf(cfg.model))},

@@ -55,8 +55,7 @@ int64_t BufferCache::peakLiveBytes() const {
   return peak_;
 }
 
-MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool snapshot,
-                      bool reshardAfterForward, int prefetchDepth, bool overlap) {
+MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool reshardAfterForward, int prefetchDepth, bool overlap) {
   MemoryPlan m;
   int64_t slices = 0, sumPadded = 0, maxPadded = 0;
   for (const auto& u : modelLayout(s)) {
@@ -70,7 +69,6 @@ MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool snap
   m.gradients = f * slices;
   m.optimizer = 2 * f * slices;
   m.outer = localMode ? 2 * f * slices : 0;
-  m.snapshot = localMode && snapshot ? 2 * f * slices : 0;
   m.overlap = localMode && overlap ? 2 * f * slices : 0;
   const int64_t inFlight = static_cast<int64_t>(prefetchDepth) + 1;
   if (shards > 1)

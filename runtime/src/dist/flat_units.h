@@ -79,20 +79,19 @@ class BufferCache {
 // What ZeRO-3 leaves on one rank, in bytes (docs/memory.md). P_u is unit u's padded size,
 // N the shards, d the prefetch depth:
 //   state      = 4 * sum_u P_u/N * (2 + 2 + outer)  parameter and gradient slices, AdamW m
-//                and v, and in local modes outer weights + momentum (2) plus, with in-place
-//                recovery, the snapshot of both taken when a sync round begins (2 more)
+//                and v, and in local modes outer weights + momentum (2)
 //   buffers    N > 1, reshardAfterForward: <= 2 (d+1) * 4 * max_u P_u (d+1 gathered units
 //                and d+1 gradients being reduced);  ZeRO-2: 4 * sum_u P_u + (d+1) * 4 * max_u P_u
 // Activations, LibTorch and the communication library come on top (the bench measures).
 struct MemoryPlan {
-  int64_t parameters = 0, gradients = 0, optimizer = 0, outer = 0, snapshot = 0;
+  int64_t parameters = 0, gradients = 0, optimizer = 0, outer = 0;
   int64_t overlap = 0;  // algorithm.overlapSteps: the round in flight's start point and pseudo-gradient
   int64_t buffers = 0;  // bound on the full-size buffers alive at once
-  int64_t state() const { return parameters + gradients + optimizer + outer + snapshot + overlap; }
+  int64_t state() const { return parameters + gradients + optimizer + outer + overlap; }
   int64_t total() const { return state() + buffers; }
 };
-MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool snapshot,
-                      bool reshardAfterForward, int prefetchDepth, bool overlap = false);
+MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool reshardAfterForward,
+                      int prefetchDepth, bool overlap = false);
 
 // Builds the units of the model for shard `shard` of `shards`, initialized
 // deterministically from `seed` (identical on every rank). With shards > 1 the units

@@ -4,86 +4,95 @@
 
 namespace edit {
 
-RecoveryPlan planRecovery(const std::vector<RecoveryOffer>& offers, int replicas, int shards) {
+RecoveryPlan planRecovery(const std::vector<RecoveryOffer>& offers, int replicas, int shards, int64_t units,
+                          bool stepClocked) {
   RecoveryPlan p;
   const int W = static_cast<int>(offers.size()), N = shards;
   auto survivor = [&](int r) { return !offers[r].joiner; };
-  auto holds = [&](int r, int64_t k) { return k >= 0 && (offers[r].cur == k || offers[r].snap == k); };
 
-  // The newest round every survivor holds. Rounds are fenced by a world-wide control
-  // exchange, so survivors are at most one round apart and the older one is always held.
+  // The newest round every survivor has complete. Rounds are fenced by a world-wide
+  // control exchange, so a survivor is at most one round further (complete or in progress).
   int64_t low = -1;
   bool first = true;
   for (int r = 0; r < W; ++r) {
     if (!survivor(r)) continue;
-    const int64_t best = std::max(offers[r].cur, offers[r].snap);
-    low = first ? best : std::min(low, best);
+    low = first ? offers[r].cur : std::min(low, offers[r].cur);
     first = false;
   }
   if (first || low < 0) {
     p.why = "no survivor holds an outer state yet";
     return p;
   }
-  for (int r = 0; r < W; ++r)
-    if (survivor(r) && !holds(r, low)) {
-      p.why = "rank " + std::to_string(r) + " no longer holds sync round " + std::to_string(low);
-      return p;
-    }
-  // One round newer, when a peer died in the middle of its last unit of that round: its
-  // shard-group peer could not finish the unit (the averaged norm is a shard-group
-  // collective) while their sync-group peers did. If for every shard index some survivor
-  // completed the round and every other survivor is inside it (it took part in each
-  // unit's sync-group exchange, so its sync peers' result is the round's outer state),
-  // those take the round's outer state from their sync group instead of every replica
-  // going back a second interval.
-  p.round = low;
-  const int64_t k = low + 1;
-  bool newer = true;
-  for (int s = 0; s < N && newer; ++s) {
-    bool held = false;
-    for (int m = 0; m < replicas; ++m) held |= survivor(m * N + s) && holds(m * N + s, k);
-    newer = held;
+  for (int r = 0; r < W; ++r) {
+    if (!survivor(r)) continue;
+    const auto& o = offers[r];
+    if (o.cur > low + 1 || (o.next >= 0 && o.next != o.cur + 1))
+      p.why = "rank " + std::to_string(r) + " is at sync round " + std::to_string(std::max(o.cur, o.next)) +
+              ", more than one round past round " + std::to_string(low) + " of another survivor";
+    if (!p.why.empty()) return p;
   }
-  for (int r = 0; r < W && newer; ++r)
-    if (survivor(r) && !holds(r, k) && offers[r].next != k) newer = false;
-  if (newer) p.round = k;
+  // Units of round R whose outer update rank r holds (a prefix: units sync in order).
+  auto applied = [&](int r, int64_t R) -> int64_t {
+    const auto& o = offers[r];
+    return o.cur >= R ? units : o.next == R ? std::min(o.unitsDone, units) : 0;
+  };
+  // Roll forward: the newer round, if any survivor applied any unit of it. A unit's update
+  // on one rank of a sync group is the group's (every replica contributed to it), so the
+  // others copy it; units nobody got to keep the previous round's state, as if the round
+  // had skipped them.
+  p.round = low;
+  for (int r = 0; r < W; ++r)
+    if (survivor(r) && applied(r, low + 1) > 0) p.round = low + 1;
+  const int64_t R = p.round;
 
-  // Source of each shard index: its lowest surviving replica that holds the round.
+  // Source of each shard index: its surviving replica that got furthest (the lowest of
+  // those).
   p.source.assign(N, -1);
+  p.unitsApplied.assign(N, 0);
   for (int s = 0; s < N; ++s) {
-    for (int m = 0; m < replicas && p.source[s] < 0; ++m)
-      if (survivor(m * N + s) && holds(m * N + s, p.round)) p.source[s] = m;
+    for (int m = 0; m < replicas; ++m) {
+      const int r = m * N + s;
+      if (survivor(r) && (p.source[s] < 0 || applied(r, R) > p.unitsApplied[s])) {
+        p.source[s] = m;
+        p.unitsApplied[s] = applied(r, R);
+      }
+    }
     if (p.source[s] < 0) {
       p.why = "every replica's rank with shard " + std::to_string(s) + " was lost";
       return p;
     }
   }
-  auto stepAt = [&](int r) {
-    const auto& o = offers[r];
-    return o.cur == p.round ? o.curStep : o.snap == p.round ? o.snapStep : o.nextStep;
-  };
   p.receives.assign(W, false);
-  p.fromSnapshot.assign(W, false);
+  for (int r = 0; r < W; ++r) p.receives[r] = !survivor(r) || applied(r, R) < p.unitsApplied[r % N];
+
+  // The step: the one round R was applied at by the rank's own replica (its shard groups
+  // step in lockstep). Step-clocked rounds come at the same step on every replica. An
+  // A-EDiT replica none of whose survivors entered the round continues at its own step.
+  auto roundStep = [&](int r) -> int64_t {
+    const auto& o = offers[r];
+    return o.cur == R ? o.curStep : o.next == R ? o.nextStep : -1;
+  };
   p.stepFrom.assign(W, -1);
   p.step.assign(W, -1);
   for (int r = 0; r < W; ++r) {
-    p.receives[r] = !survivor(r) || !holds(r, p.round);
-    p.fromSnapshot[r] = survivor(r) && offers[r].cur != p.round && offers[r].snap == p.round;
-    // The step: a replica's own (shard groups step in lockstep), taken from a survivor of
-    // the replica, else from the rank its shard is copied from.
     const int replica = r / N, shard = r % N;
-    int from = p.source[shard] * N + shard;
-    if (survivor(r)) {
-      from = r;
-    } else {
-      for (int s = 0; s < N; ++s)
-        if (survivor(replica * N + s)) {
-          from = replica * N + s;
-          break;
-        }
+    int from = survivor(r) && roundStep(r) >= 0 ? r : -1;
+    for (int s = 0; s < N && from < 0; ++s)
+      if (survivor(replica * N + s) && roundStep(replica * N + s) >= 0) from = replica * N + s;
+    int64_t step = from >= 0 ? roundStep(from) : -1;
+    for (int s = 0; s < N && from < 0 && !stepClocked; ++s)
+      if (survivor(replica * N + s)) {
+        from = replica * N + s;
+        step = offers[from].stepNow;
+      }
+    if (from < 0) {
+      from = p.source[shard] * N + shard;
+      for (int q = 0; q < W && roundStep(from) < 0; ++q)
+        if (survivor(q) && roundStep(q) >= 0) from = q;
+      step = roundStep(from);
     }
     p.stepFrom[r] = from;
-    p.step[r] = stepAt(from);
+    p.step[r] = step;
   }
   return p;
 }

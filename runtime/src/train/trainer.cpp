@@ -101,23 +101,13 @@ void Trainer::setup() {
   // those prefetched, and a gradient being reduced), so a step allocates nothing.
   buffers_ = std::make_unique<BufferCache>(
       torch::TensorOptions().dtype(torch::kFloat32).device(device_), prefetchDepth_ + 2);
-  const bool snapshot = cfg_.runtime.recovery == "inPlace" && !overlap_;
-  if (snapshot && isLocalMode() && !cfg_.runtime.recoverySnapshotDir.empty()) {
-    try {
-      snap_.file = std::make_unique<SnapshotFile>(cfg_.runtime.recoverySnapshotDir);
-    } catch (const std::runtime_error& e) {
-      throw ConfigError(e.what());
-    }
-  }
-  // A snapshot on disk is page cache, not this worker's memory.
-  memoryPlan_ = planMemory(shape_, comm_->shards(), isLocalMode(), snapshot && !snap_.file,
-                           reshardAfterForward_, prefetchDepth_, overlap_);
+  memoryPlan_ = planMemory(shape_, comm_->shards(), isLocalMode(), reshardAfterForward_, prefetchDepth_, overlap_);
   if (mesh_.rank == 0) {
     auto mb = [](int64_t b) { return std::to_string((b + 500000) / 1000000) + " MB"; };
     const auto& m = memoryPlan_;
     log("memory per rank (docs/memory.md): state " + mb(m.state()) + " (parameters " + mb(m.parameters) +
         ", gradients " + mb(m.gradients) + ", AdamW " + mb(m.optimizer) + ", outer " + mb(m.outer) +
-        ", recovery snapshot " + mb(m.snapshot) + ", overlapped round " + mb(m.overlap) +
+        ", overlapped round " + mb(m.overlap) +
         "), full-size buffers at most " + mb(m.buffers) + ", plus activations");
   }
   detectors_.assign(units_.size(), EwmaDetector{});

@@ -25,7 +25,6 @@
 #include "sync/outer_sync.h"
 #include "sync/penalty.h"
 #include "telemetry/report.h"
-#include "train/snapshot_file.h"
 
 namespace edit {
 
@@ -183,23 +182,15 @@ class Trainer {
   double lrAt(int64_t t) const;             // inner learning rate of step t
   void agreeJobSteps();                     // jobSteps_ from every rank's step_ (world)
 
-  // In-place recovery (trainer_recovery.cpp, docs/replica-recovery.md). Each rank keeps
-  // the outer state after the last sync round it completed, and a snapshot taken when it
-  // entered the round in progress, so the ranks can agree on one round every survivor holds.
-  struct RoundSnapshot {
-    bool valid = false;
-    int64_t round = -1, step = 0;
-    std::vector<OuterUnit> outer;          // in memory, or
-    std::unique_ptr<SnapshotFile> file;    // on disk (runtime.recoverySnapshotDir)
-    std::vector<EwmaDetector> detectors;
-  };
+  // In-place recovery (trainer_recovery.cpp, docs/replica-recovery.md). The survivors
+  // roll forward: a unit's outer update that any rank of a sync group holds is copied to
+  // the others, so no rank keeps a copy of the outer state from before the round.
   void beginRound(int64_t t);
   void endRound(int64_t t);
   bool recoverInPlace(const PeerLost& e, TrainResult& result);
   void restoreFromPeers(bool joiner, TrainResult* result);
   // Its phases (trainer_recovery.cpp).
   torch::Tensor offerTable(bool joiner);  // world x columns: what each rank can offer
-  void rollBackToSnapshot(int64_t round, int64_t step);
   void copyOuterState(const RecoveryPlan& plan, bool joiner);  // over the sync group
   void copyAnomalyStats(const std::vector<bool>& survivor, const RecoveryPlan& plan);
   void continueFromRound(int64_t round, int64_t step, int64_t lastCkpt);
@@ -262,7 +253,6 @@ class Trainer {
   bool outerReady_ = false;
 
   std::unique_ptr<Rendezvous> rendezvous_;
-  RoundSnapshot snap_;           // outer state when the current/last round began
   bool inRound_ = false;         // a sync round is mutating outer_ right now
   std::atomic<size_t> roundUnitsSynced_{0};  // units whose outer update of this round is done
   int64_t roundBeginStep_ = 0;   // step of the round in progress

@@ -5,10 +5,13 @@
 // replica) survive on its shard peers. When a peer is lost in a local phase, the
 // survivors tear down their process groups (which
 // makes every other rank notice at its next collective), meet the replacement in a new
-// recovery generation, agree on the newest sync round every survivor still holds, and
-// all roll back to it: inner weights := outer weights, step := the step of that round.
-// The replacement copies the outer state and its inner AdamW moments from one peer of its
-// sync group, and the anomaly statistics from its own replica. No disk checkpoint is read.
+// recovery generation, and agree on a sync round: the newest any survivor applied any of.
+// Units sync in order and a unit's update on one rank is its sync group's, so the ranks
+// behind copy it from the furthest one (roll forward) and units nobody reached keep the
+// previous round's state; then everyone continues from it: inner weights := outer
+// weights, step := the step of that round. The replacement copies the outer state and its
+// inner AdamW moments from one peer of its sync group, and the anomaly statistics from
+// its own replica. No disk checkpoint is read, and no copy of the outer state is kept.
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -46,26 +49,6 @@ void Trainer::beginRound(int64_t t) {
   inRound_ = true;
   roundUnitsSynced_ = 0;
   roundBeginStep_ = t;
-  // The snapshot costs one copy of the outer slice in the outer state's memory (host
-  // memory with offloadOuterState): only kept when it can be used.
-  if (!outerReady_ || cfg_.runtime.recovery != "inPlace" || overlap_) return;
-  torch::NoGradGuard ng;
-  if (snap_.file) {
-    snap_.file->save(outer_);
-  } else {
-    if (snap_.outer.size() != outer_.size()) {
-      snap_.outer.clear();
-      for (auto& o : outer_) snap_.outer.push_back({torch::empty_like(o.outer), torch::empty_like(o.momentum)});
-    }
-    for (size_t u = 0; u < outer_.size(); ++u) {
-      snap_.outer[u].outer.copy_(outer_[u].outer);
-      snap_.outer[u].momentum.copy_(outer_[u].momentum);
-    }
-  }
-  snap_.detectors = detectors_;
-  snap_.round = static_cast<int64_t>(syncRounds_);
-  snap_.step = roundStep_;
-  snap_.valid = true;
 }
 
 void Trainer::endRound(int64_t t) {
@@ -154,20 +137,20 @@ void Trainer::joinRunningJob() {
   }
 }
 
-// restoreFromPeers is five phases: every rank states what it can offer (offerTable), the
-// pure planner picks the round and the sources (recovery_plan.h), survivors that got
-// further roll back to their snapshot, the sync groups copy the outer state and the
-// replicas their anomaly statistics, and everyone continues from the round's clock.
+// restoreFromPeers is four phases: every rank states how far it got (offerTable), the pure
+// planner picks the round, how far into it each shard gets, and the sources
+// (recovery_plan.h), the sync groups copy the outer state and the replicas their anomaly
+// statistics, and everyone continues from the round's clock.
 
 namespace {
 // The columns of the table the ranks exchange.
-enum OfferCol { kJoiner, kCur, kSnap, kCurStep, kSnapStep, kAdam, kCkpt, kNext, kNextStep, kScaleNext, kTotalSteps,
-                kOfferCols };
+enum OfferCol { kJoiner, kCur, kCurStep, kNext, kNextStep, kUnitsDone, kStepNow, kAdam, kCkpt, kScaleNext,
+                kTotalSteps, kOfferCols };
 }  // namespace
 
 torch::Tensor Trainer::offerTable(bool joiner) {
-  // What each rank can offer: the outer state after round `cur` (unless a round is
-  // half-applied) and the snapshot from the start of the current round.
+  // What each rank can offer: the outer state after round `cur`, and how many units of the
+  // round in progress it has applied on top (units sync in order).
   auto mine = torch::full({kOfferCols}, -1.0, torch::kFloat64);
   auto m = mine.accessor<double, 1>();
   // A survivor whose copy failed half way holds nothing it can name: it takes everything
@@ -177,15 +160,16 @@ torch::Tensor Trainer::offerTable(bool joiner) {
   if (!holdsNothing) {
     // A round whose every unit was synchronized is complete here even if the step failed
     // afterwards (in an all-gather or the backward): its outer state is final.
-    const bool roundDone = inRound_ && roundUnitsSynced_ == units_.size();
-    if (outerReady_ && (!inRound_ || roundDone)) m[kCur] = static_cast<double>(syncRounds_ + (roundDone ? 1 : 0));
-    if (snap_.valid) m[kSnap] = static_cast<double>(snap_.round);
+    const size_t done = roundUnitsSynced_;
+    const bool roundDone = inRound_ && done == units_.size();
+    if (outerReady_) m[kCur] = static_cast<double>(syncRounds_ + (roundDone ? 1 : 0));
     m[kCurStep] = static_cast<double>(roundDone ? roundBeginStep_ : roundStep_);
-    m[kSnapStep] = static_cast<double>(snap_.step);
-    if (inRound_ && !roundDone) {  // half applied: its sync peers may have completed it
+    if (inRound_ && !roundDone) {
       m[kNext] = static_cast<double>(syncRounds_ + 1);
       m[kNextStep] = static_cast<double>(roundBeginStep_);
+      m[kUnitsDone] = static_cast<double>(done);
     }
+    m[kStepNow] = static_cast<double>(step_);
     m[kAdam] = static_cast<double>(adam_->stepCount());
     m[kCkpt] = static_cast<double>(lastCheckpointId_);
     // What a new replica cannot know: the scale points already applied, and the job's
@@ -200,26 +184,10 @@ torch::Tensor Trainer::offerTable(bool joiner) {
   return table;
 }
 
-void Trainer::rollBackToSnapshot(int64_t round, int64_t step) {
-  if (snap_.file) {
-    snap_.file->load(outer_);
-  } else {
-    for (size_t u = 0; u < outer_.size(); ++u) {
-      outer_[u].outer.copy_(snap_.outer[u].outer);
-      outer_[u].momentum.copy_(snap_.outer[u].momentum);
-    }
-  }
-  detectors_ = snap_.detectors;
-  // Say so at once: should the copy below fail, a retry offers this round.
-  syncRounds_ = static_cast<uint64_t>(round);
-  roundStep_ = step;
-  inRound_ = false;
-  snap_.valid = false;
-}
-
 void Trainer::copyOuterState(const RecoveryPlan& plan, bool joiner) {
-  // Copy from the source replica over the sync group, if this sync group has a joiner (or
-  // a survivor that did not complete the round).
+  // Copy from the source replica over the sync group, if this sync group has a joiner or a
+  // survivor that got less far into the round. The source's state is the plan's: the
+  // round's update for the units it got to, the previous round's for the rest.
   const int N = comm_->shards(), myShard = comm_->shard();
   bool groupHasJoiner = false;
   for (int rep = 0; rep < comm_->replicas(); ++rep) groupHasJoiner |= plan.receives[rep * N + myShard];
@@ -272,9 +240,9 @@ void Trainer::copyAnomalyStats(const std::vector<bool>& survivor, const Recovery
     comm_->broadcast(Group::Sync, ewma, plan.source[0]);
     if (peer < 0) unpack();
   }
-  bool replicaHasJoiner = false;
-  for (int s = 0; s < N; ++s) replicaHasJoiner |= !survivor[myReplica * N + s];
-  if (replicaHasJoiner && N > 1) {
+  // Every replica, not only one with a replacement: a round stopped part way may have
+  // updated a unit's statistics on some of the replica's shards and not on others.
+  if (N > 1) {
     pack();
     comm_->broadcast(Group::Shard, ewma, peer < 0 ? 0 : peer);
     if (!survivor[mesh_.rank]) unpack();
@@ -298,7 +266,6 @@ void Trainer::continueFromRound(int64_t round, int64_t step, int64_t lastCkpt) {
   stepsSinceSync_ = 0;
   syncRounds_ = static_cast<uint64_t>(round);
   inRound_ = false;
-  snap_.valid = false;
   lastSyncTime_ = nowSeconds();
   lastCheckpointId_ = lastCkpt;
   controlId_ = std::max<int64_t>(controlId_, lastCkpt);
@@ -331,10 +298,12 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   for (int r = 0; r < W; ++r) {
     survivor[r] = T[r][kJoiner] == 0;
     auto i = [&](OfferCol c) { return static_cast<int64_t>(T[r][c]); };
-    offers[r] = {!survivor[r], i(kCur), i(kSnap), i(kNext), i(kCurStep), i(kSnapStep), i(kNextStep)};
+    offers[r] = {!survivor[r], i(kCur), i(kCurStep), i(kNext), i(kNextStep), i(kUnitsDone), i(kStepNow)};
   }
-  // The round to continue from, each shard's source replica, who copies (recovery_plan.h).
-  const RecoveryPlan plan = planRecovery(offers, comm_->replicas(), comm_->shards());
+  // The round to continue from, how far into it each shard got, each shard's source
+  // replica, who copies (recovery_plan.h).
+  const RecoveryPlan plan = planRecovery(offers, comm_->replicas(), comm_->shards(),
+                                         static_cast<int64_t>(units_.size()), mode_.clock == SyncClock::Steps);
   if (!plan.why.empty()) throw RecoveryImpossible("cannot recover in place: " + plan.why + "; restart from a checkpoint");
   const int me = mesh_.rank;
   const int64_t round = plan.round, step = plan.step[me];
@@ -345,7 +314,6 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
     else joiners++;
   }
 
-  if (plan.fromSnapshot[me]) rollBackToSnapshot(round, step);
   if (joiner) initOuter();  // allocates outer_ in the right place; filled below
   copyOuterState(plan, joiner);
   copyAnomalyStats(survivor, plan);
@@ -368,6 +336,16 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   // would train on and meet the failure in a second recovery instead of this one's retry.
   comm_->barrier(Group::World);
 
+  // A round that stopped part way keeps the previous round's state for the units it did
+  // not reach, as if it had skipped them (docs/replica-recovery.md).
+  std::string partial;
+  for (int s = 0; s < comm_->shards(); ++s)
+    if (plan.unitsApplied[s] < static_cast<int64_t>(units_.size()))
+      partial += (partial.empty() ? "" : ", ") + std::string("shard ") + std::to_string(s) + " " +
+                 std::to_string(plan.unitsApplied[s]) + " of " + std::to_string(units_.size());
+  if (!partial.empty())
+    log("sync round " + std::to_string(round) + " stopped part way: its update holds for the first units of each " +
+        "shard (" + partial + "); the other units keep round " + std::to_string(round - 1) + "'s outer state");
   if (scaling_ || (joiner && mesh_.scaleJoin))
     log("scaled to " + std::to_string(comm_->replicas()) + " replicas (generation " +
         std::to_string(rendezvous_->generation()) + ", " + std::to_string(joiners) +

@@ -44,7 +44,7 @@ class Recovery(unittest.TestCase):
                            capture_output=True, text=True, timeout=600, env=dict(os.environ, **(env or {})))
         return p, logs
 
-    def recover(self, mode, shards, kill_rank, extra=(), kill_at=KILL_AT, env=None):
+    def recover(self, mode, shards, kill_rank, extra=(), kill_at=KILL_AT, env=None, rolls_back=True):
         extra = [f"algorithm.mode={mode}"] + list(extra)
         base, _ = self.launch("undisturbed", shards, extra)
         self.assertEqual(base.returncode, 0, base.stdout[-2000:] + base.stderr[-2000:])
@@ -65,9 +65,13 @@ class Recovery(unittest.TestCase):
             if r != kill_rank:
                 self.assertEqual(s[r]["recoveries"], 1, s[r])
                 # Every replica goes back to the last sync round: at most one interval
-                # (plus the steps a far replica made before it noticed, also < SYNC + 1).
+                # (plus the steps a far replica made before it noticed, also < SYNC + 1);
+                # none when the round in progress rolls forward.
                 self.assertLessEqual(s[r]["steps_rolled_back"], SYNC + 1, s[r])
-                self.assertGreater(s[r]["steps_rolled_back"], 0, s[r])
+                if rolls_back:
+                    self.assertGreater(s[r]["steps_rolled_back"], 0, s[r])
+                else:
+                    self.assertEqual(s[r]["steps_rolled_back"], 0, s[r])
         # The replicas end bit-identical (the final sync), the replacement included.
         final = sorted(glob.glob(os.path.join(self.d, "ck-killed", "step-*")))[-1]
         files = [ckpt.read(os.path.join(final, f"rank-{r:05d}.ckpt")) for r in range(4)]
@@ -99,31 +103,39 @@ class Recovery(unittest.TestCase):
         self.recover("edit", 2, 3)
 
     def test_edit_M2_N2_lost_during_sync_round(self):
-        # Step 24 is a sync step: rank 3 dies after the round's control exchange, the others
-        # fail inside the layer-wise sync with half-updated outer state and fall back to
-        # the snapshot taken when the round began.
+        # Step 24 is a sync step: rank 3 dies after the round's control exchange. Every unit's
+        # sync needs rank 3 (its shard group completes the unit's norm, its sync group
+        # averages the unit), so no rank applied any of round 4: everyone goes back to
+        # round 3.
         kill_at = WARMUP + 4 * SYNC
         self.recover("edit", 2, 3, kill_at=kill_at)
         with open(os.path.join(self.logs, "rank-0.log")) as f:
             text = f.read()
         self.assertIn(f"continuing from sync round 3 at step {kill_at - SYNC}", text)
 
-    def test_snapshot_on_disk_is_rolled_back_to(self):
-        # The same fault with runtime.recoverySnapshotDir: the survivors roll back to the
-        # round's start from the file, which is unlinked (nothing is left in the directory).
-        snap = os.path.join(self.d, "snapshots")
-        os.makedirs(snap)
+    def test_diloco_M2_N2_round_in_progress_rolls_forward(self):
+        # The same loss under DiLoCo, whose sync groups need no shard-group exchange: shard
+        # 0's group (ranks 0 and 2) applies all of round 4 while shard 1's (rank 1 and the
+        # dead rank 3) applies none. Nobody keeps a copy of the outer state from before the
+        # round: round 4 holds with shard 1's units keeping round 3's state, as if the round
+        # had skipped them, the replacement copies from rank 1, and nobody redoes a step.
         kill_at = WARMUP + 4 * SYNC
-        self.recover("edit", 2, 3, [f"runtime.recoverySnapshotDir={snap}"], kill_at=kill_at)
+        self.recover("diloco", 2, 3, kill_at=kill_at, rolls_back=False)
         with open(os.path.join(self.logs, "rank-0.log")) as f:
             text = f.read()
-        self.assertIn(f"continuing from sync round 3 at step {kill_at - SYNC}", text)
-        self.assertEqual(os.listdir(snap), [])
+        self.assertIn(f"continuing from sync round 4 at step {kill_at}", text)
+        units = 4  # the embedding, base_sets' 2 blocks, the head
+        self.assertIn(f"sync round 4 stopped part way: its update holds for the first units of each shard "
+                      f"(shard 1 0 of {units}); the other units keep round 3's outer state", text)
 
-    def test_snapshot_dir_that_does_not_exist_is_a_config_error(self):
-        p, _ = self.launch("nodir", 2, ["algorithm.mode=edit", f"runtime.recoverySnapshotDir={self.d}/missing"])
+    def test_removed_snapshot_dir_key_says_what_to_do(self):
+        # runtime.recoverySnapshotDir went with the snapshot: a config that still sets it is
+        # refused with what to do, not a bare "unknown key".
+        p, _ = self.launch("nodir", 2, ["algorithm.mode=edit", f"runtime.recoverySnapshotDir={self.d}"])
         self.assertEqual(p.returncode, 2, p.stdout[-2000:] + p.stderr[-2000:])
-        self.assertIn("runtime.recoverySnapshotDir", p.stdout + p.stderr)
+        self.assertIn("runtime.recoverySnapshotDir: removed: in-place recovery keeps no copy of the outer state",
+                      p.stdout + p.stderr)
+        self.assertIn("delete the key", p.stdout + p.stderr)
 
     def test_edit_M4_N1_replica_lost(self):
         self.recover("edit", 1, 2)

@@ -87,7 +87,8 @@ def gb(b):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "runtime"))
-    p.add_argument("--baseline-bin", default="", help="another build's runtime dir: tiny-preset tokens/s of both")
+    p.add_argument("--baseline-bin", default="",
+                   help="another build's runtime dir: the 100M layouts and tiny-preset tokens/s of both")
     p.add_argument("--peer", default=os.path.join(os.path.dirname(ROOT), "shared", "peers", "torch_peer.py"))
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat()))
     p.add_argument("--quick", action="store_true")

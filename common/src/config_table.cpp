@@ -199,6 +199,9 @@ std::vector<Field> fieldsOf(Config& c) {
     "Rank that kills itself; -1 kills none.");
   I("debug.killAtStep.step", c.debug.killAtStep.step, ints(0),
     "Step at whose start it dies; a replacement pod (EDIT_JOIN=1) never does.");
+  N("debug.killAtStep.unit", c.debug.killAtStep.unit, ints(-1, 1 << 20),
+    "-1 dies at the step's start; a unit index dies in that step's sync round, just before "
+    "the unit's sync (tests a round lost part way).");
   N("runtime.threads", c.runtime.threads, ints(0, 4096),
     "Intra-op threads per worker; 0 divides the cores among the local workers.");
   D("runtime.collectiveTimeoutSeconds", c.runtime.collectiveTimeoutSeconds,

@@ -149,6 +149,7 @@ struct CorruptReplica {
 struct KillAtStep {
   int rank = -1;              // rank that kills itself with SIGKILL (-1: none)
   int64_t step = 0;           // at the start of this step; never in a replacement
+  int unit = -1;              // >= 0: in that step's sync round, just before this unit's sync
 };
 
 struct DebugConfig {

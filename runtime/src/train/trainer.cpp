@@ -324,6 +324,7 @@ void Trainer::syncWholeModel(StepOutcome& out, bool overlapped) {
   const double t0 = nowSeconds();
   for (size_t u = 0; u < units_.size(); ++u)
     fs.push_back(stream_->enqueue([this, u, &res, overlapped] {
+      killIfAsked(roundBeginStep_, static_cast<int>(u));
       res[u] = overlapped ? overlapRound(u)
                           : syncUnit(*comm_, units_[u], outer_[u], detectors_[u], sync_, stepsSinceSync_);
       ++roundUnitsSynced_;
@@ -344,6 +345,7 @@ Pending Trainer::prepareUnit(size_t u, bool syncFirst, std::vector<UnitSyncResul
   return stream_->enqueue([this, u, syncFirst, res, syncWork, buffer]() mutable {
     auto& unit = units_[u];
     if (syncFirst) {
+      killIfAsked(roundBeginStep_, static_cast<int>(u));
       const double t0 = nowSeconds();
       (*res)[u] = overlap_ ? overlapRound(u) : syncUnit(*comm_, unit, outer_[u], detectors_[u], sync_, stepsSinceSync_);
       ++roundUnitsSynced_;

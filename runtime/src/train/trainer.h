@@ -163,7 +163,7 @@ class Trainer {
   void saveCheckpoint(int64_t id);
   bool tryResume();
   void log(const std::string& s);
-  void killIfAsked(int64_t t);
+  void killIfAsked(int64_t t, int unit = -1);  // debug.killAtStep (unit >= 0: before its sync)
 
   // algorithm.overlapSteps (trainer_overlap.cpp, docs/algorithm.md "Overlapped
   // synchronization"): unit u's round at a sync step applies the round in flight, rebases

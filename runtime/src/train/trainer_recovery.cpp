@@ -37,10 +37,11 @@ bool dropThisCopy(int rank) {
 
 }  // namespace
 
-void Trainer::killIfAsked(int64_t t) {
+void Trainer::killIfAsked(int64_t t, int unit) {
   const auto& k = cfg_.debug.killAtStep;
-  if (k.rank != mesh_.rank || k.step != t || mesh_.join) return;
-  log("debug.killAtStep: killing this worker (SIGKILL) at step " + std::to_string(t));
+  if (k.rank != mesh_.rank || k.step != t || k.unit != unit || mesh_.join) return;
+  log("debug.killAtStep: killing this worker (SIGKILL) at step " + std::to_string(t) +
+      (unit >= 0 ? " before unit " + std::to_string(unit) + "'s sync" : ""));
   std::fflush(nullptr);
   ::kill(::getpid(), SIGKILL);
 }
@@ -243,9 +244,10 @@ void Trainer::copyAnomalyStats(const std::vector<bool>& survivor, const Recovery
   // Every replica, not only one with a replacement: a round stopped part way may have
   // updated a unit's statistics on some of the replica's shards and not on others.
   if (N > 1) {
+    const int root = peer < 0 ? 0 : peer;
     pack();
-    comm_->broadcast(Group::Shard, ewma, peer < 0 ? 0 : peer);
-    if (!survivor[mesh_.rank]) unpack();
+    comm_->broadcast(Group::Shard, ewma, root);
+    if (myShard != root) unpack();
   }
 }
 

@@ -128,6 +128,22 @@ class Recovery(unittest.TestCase):
         self.assertIn(f"sync round 4 stopped part way: its update holds for the first units of each shard "
                       f"(shard 1 0 of {units}); the other units keep round 3's outer state", text)
 
+    def test_edit_M2_N2_round_lost_part_way_rolls_forward(self):
+        # EDiT's layer-wise round, with the penalty's shard-group exchanges: rank 3 dies in
+        # the sync step just before its unit 2 syncs (debug.killAtStep.unit). Units 0 and 1
+        # of round 4 are applied on every survivor, unit 2 nowhere (its norm needs rank 3).
+        # Round 4 holds for units 0 and 1 of both shards; the blocks after keep round 3's
+        # state; nobody redoes a step, and the replacement copies the round from rank 1.
+        kill_at = WARMUP + 4 * SYNC
+        self.recover("edit", 2, 3, ["debug.killAtStep.unit=2"], kill_at=kill_at, rolls_back=False)
+        logs = {r: read_file(os.path.join(self.logs, f"rank-{r}.log")) for r in range(4)}
+        self.assertIn(f"killing this worker (SIGKILL) at step {kill_at} before unit 2's sync", logs[3])
+        for r in range(4):
+            self.assertIn(f"continuing from sync round 4 at step {kill_at}", logs[r], f"rank {r}")
+            self.assertIn("sync round 4 stopped part way: its update holds for the first units of each shard "
+                          "(shard 0 2 of 4, shard 1 2 of 4); the other units keep round 3's outer state",
+                          logs[r], f"rank {r}")
+
     def test_removed_snapshot_dir_key_says_what_to_do(self):
         # runtime.recoverySnapshotDir went with the snapshot: a config that still sets it is
         # refused with what to do, not a bare "unknown key".

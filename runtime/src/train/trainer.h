@@ -193,6 +193,7 @@ class Trainer {
   torch::Tensor offerTable(bool joiner);  // world x columns: what each rank can offer
   void copyOuterState(const RecoveryPlan& plan, bool joiner);  // over the sync group
   void copyAnomalyStats(const std::vector<bool>& survivor, const RecoveryPlan& plan);
+  void agreeSkipStreaks();  // the stall check's streaks, alike on every rank (world)
   void continueFromRound(int64_t round, int64_t step, int64_t lastCkpt);
   void checkSyncGroupAgrees();
   // Elastic replicas (docs/elastic.md): after a sync round at or past the next point of

@@ -251,6 +251,18 @@ void Trainer::copyAnomalyStats(const std::vector<bool>& survivor, const Recovery
   }
 }
 
+void Trainer::agreeSkipStreaks() {
+  // The stall check's streaks are the same on every rank in training (a unit's outer step
+  // is skipped everywhere or nowhere), but not after a loss: a replacement has none, and
+  // only the ranks whose sync step finished counted its round. The largest, so that a stall
+  // is neither forgotten nor declared by some ranks only.
+  skipStreak_.resize(units_.size(), 0);
+  auto streaks = torch::empty({static_cast<int64_t>(units_.size())}, torch::kFloat64);
+  for (size_t u = 0; u < units_.size(); ++u) streaks[u] = static_cast<double>(skipStreak_[u]);
+  comm_->allreduce(Group::World, streaks, c10d::ReduceOp::MAX);
+  for (size_t u = 0; u < units_.size(); ++u) skipStreak_[u] = static_cast<int64_t>(streaks[u].item<double>());
+}
+
 void Trainer::continueFromRound(int64_t round, int64_t step, int64_t lastCkpt) {
   // Everyone: inner weights := outer weights of `round`, and the clock of that round.
   for (size_t u = 0; u < units_.size(); ++u) units_[u].slice.copy_(outer_[u].outer);
@@ -319,6 +331,7 @@ void Trainer::restoreFromPeers(bool joiner, TrainResult* result) {
   if (joiner) initOuter();  // allocates outer_ in the right place; filled below
   copyOuterState(plan, joiner);
   copyAnomalyStats(survivor, plan);
+  agreeSkipStreaks();
   if (joiner) {
     adam_->setStepCount(static_cast<int64_t>(T[plan.stepFrom[me]][kAdam]));
     // A replacement: cumulative tokens as if this rank had trained from the start (what a

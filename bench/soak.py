@@ -57,7 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "faults"))
 import harness as h  # noqa: E402
-from test_faults import RecoveryTracker  # noqa: E402  (duplicate-pod invariants)
+from fault_case import RecoveryTracker  # noqa: E402  (duplicate-pod invariants)
 from soak_report import KINDS, WORKER_FAULTS, analyse, log, steady_rate, write_plot, write_report  # noqa: E402
 
 LAYOUTS = {"2x2": (2, 2), "4x1": (4, 1)}

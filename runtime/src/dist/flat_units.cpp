@@ -55,7 +55,8 @@ int64_t BufferCache::peakLiveBytes() const {
   return peak_;
 }
 
-MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool reshardAfterForward, int prefetchDepth, bool overlap) {
+MemoryPlan planMemory(const ModelShape& s, int shards, bool localMode, bool reshardAfterForward,
+                      int prefetchDepth, bool overlap) {
   MemoryPlan m;
   int64_t slices = 0, sumPadded = 0, maxPadded = 0;
   for (const auto& u : modelLayout(s)) {

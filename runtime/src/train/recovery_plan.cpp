@@ -26,10 +26,11 @@ RecoveryPlan planRecovery(const std::vector<RecoveryOffer>& offers, int replicas
   for (int r = 0; r < W; ++r) {
     if (!survivor(r)) continue;
     const auto& o = offers[r];
-    if (o.cur > low + 1 || (o.next >= 0 && o.next != o.cur + 1))
+    if (o.cur > low + 1 || (o.next >= 0 && o.next != o.cur + 1)) {
       p.why = "rank " + std::to_string(r) + " is at sync round " + std::to_string(std::max(o.cur, o.next)) +
               ", more than one round past round " + std::to_string(low) + " of another survivor";
-    if (!p.why.empty()) return p;
+      return p;
+    }
   }
   // Units of round R whose outer update rank r holds (a prefix: units sync in order).
   auto applied = [&](int r, int64_t R) -> int64_t {

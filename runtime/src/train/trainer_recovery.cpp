@@ -190,9 +190,9 @@ void Trainer::copyOuterState(const RecoveryPlan& plan, bool joiner) {
   // survivor that got less far into the round. The source's state is the plan's: the
   // round's update for the units it got to, the previous round's for the rest.
   const int N = comm_->shards(), myShard = comm_->shard();
-  bool groupHasJoiner = false;
-  for (int rep = 0; rep < comm_->replicas(); ++rep) groupHasJoiner |= plan.receives[rep * N + myShard];
-  if (!groupHasJoiner) return;
+  bool groupReceives = false;
+  for (int rep = 0; rep < comm_->replicas(); ++rep) groupReceives |= plan.receives[rep * N + myShard];
+  if (!groupReceives) return;
   const int root = plan.source[myShard];
   if (!joiner && plan.receives[mesh_.rank]) outerLost_ = true;  // half written until the copy is done
   if (dropThisCopy(mesh_.rank))

@@ -175,7 +175,10 @@ void Trainer::initOuter() {
 bool Trainer::syncDue(int64_t t) {
   const auto& a = cfg_.algorithm;
   if (!isLocalMode() || t <= a.warmupSteps || t == skipSyncAt_) return false;
-  if (mode_.clock == SyncClock::Steps) return (t - a.warmupSteps) % a.syncInterval == 0;
+  // No local step since the last round (a run resumed from its final checkpoint, which
+  // ended on a round): nothing to synchronize. A round of zero pseudo-gradients would
+  // still feed its zero norms to the anomaly statistics and reset the stall count.
+  if (mode_.clock == SyncClock::Steps) return stepsSinceSync_ > 0 && (t - a.warmupSteps) % a.syncInterval == 0;
   // A-EDiT: time-based, in two parts (docs/algorithm.md, "A-EDiT's rounds").
   // Arrival: the window is over at the step boundary nearest the deadline: now, unless the
   // next one (a step away, by this replica's recent local steps) is nearer. The replica

@@ -38,6 +38,8 @@ void Trainer::saveCheckpoint(int64_t id) {
     t[k + "adam_v"] = adam_->v()[u];
     t[k + "ewma"] = torch::tensor({detectors_[u].mean, detectors_[u].var,
                                    static_cast<double>(detectors_[u].count)}, torch::kFloat64);
+    // The stall check's streak (the same on every rank): a resume goes on counting it.
+    t[k + "skipStreak"] = scalar(static_cast<double>(u < skipStreak_.size() ? skipStreak_[u] : 0));
     if (outerReady_) {
       t[k + "outer"] = outer_[u].outer;
       t[k + "momentum"] = outer_[u].momentum;
@@ -156,6 +158,8 @@ bool Trainer::tryResume() {
         static_cast<int64_t>(t.at("meta/budgetTokens").item<double>()) == cfg_.training.tokens)
       totalSteps_ = static_cast<int64_t>(t.at("meta/totalSteps").item<double>());
     outer_.clear();
+    // Older checkpoints have no streaks: counted from zero, as before they were saved.
+    skipStreak_.assign(units_.size(), 0);
     size_t residualsFound = 0;
     for (size_t u = 0; u < units_.size(); ++u) {
       const std::string k = "unit" + std::to_string(u) + "/";
@@ -164,6 +168,7 @@ bool Trainer::tryResume() {
       adam_->v()[u].copy_(t.at(k + "adam_v"));
       auto e = t.at(k + "ewma");
       detectors_[u] = {e[0].item<double>(), e[1].item<double>(), static_cast<int64_t>(e[2].item<double>())};
+      if (t.count(k + "skipStreak")) skipStreak_[u] = static_cast<int64_t>(t.at(k + "skipStreak").item<double>());
       if (outerReady_) outer_.push_back({t.at(k + "outer").clone(), t.at(k + "momentum").clone()});
       // The error feedback of int8/int4 compression. Without one in the file (compression
       // switched on at this resume) it starts at zero, as at the first compressed round;

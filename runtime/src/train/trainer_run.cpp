@@ -232,6 +232,7 @@ void Trainer::finalSync() {
   StepOutcome out;
   syncWholeModel(out);
   recordRound(out);
+  stepsSinceSync_ = 0;  // the final checkpoint ends on this round: a resume starts a new interval
   failIfStalled();
 }
 

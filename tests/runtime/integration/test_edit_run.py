@@ -8,6 +8,7 @@ import glob
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -255,6 +256,62 @@ class Robustness(EditRun):
                            capture_output=True, text=True, timeout=600)
         self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
         self.assertGreater(summaries(logs)[0]["outer_skips"], 0)
+
+    def test_stall_count_survives_a_resume(self):
+        # The stalling run of the test above, stopped after two skipped rounds (its final
+        # checkpoint holds the streak) and resumed with maxSkippedRounds=3: the first round
+        # after the resume is the third in a row and fails the job. Counted from zero again
+        # at the resume, a job restarted every K-1 rounds would never be caught.
+        sets = self.base_sets() + ["algorithm.mode=edit", "training.lrWarmupSteps=100000", "training.logEvery=1",
+                                   "algorithm.penalty.zThreshold=0.001", "algorithm.penalty.anomalyWarmup=2"]
+        first = os.path.join(self.d, "logs-first")
+        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", first] + sum(
+            (["--set", s] for s in sets + ["training.steps=24", "algorithm.penalty.maxSkippedRounds=0"]), []),
+            capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+        skips = re.findall(r"sync round (\d+): every replica's pseudo-gradient of unit embed was anomalous"
+                           r".*\((\d+) round\(s\) in a row\)", open(os.path.join(first, "rank-0.log")).read())
+        self.assertTrue(skips, "the first run skipped no round: nothing to carry over")
+        last_round, streak = map(int, skips[-1])
+        self.assertEqual(last_round, summaries(first)[0]["sync_rounds"], "the streak must reach the final round")
+        self.assertEqual(streak, 2, "this check wants a streak of 2 at the checkpoint")
+
+        logs = os.path.join(self.d, "logs-resumed")
+        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs] + sum(
+            (["--set", s] for s in sets + ["training.steps=48", "algorithm.penalty.maxSkippedRounds=3"]), []),
+            capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 3, p.stdout[-3000:] + p.stderr[-3000:])
+        log0 = open(os.path.join(logs, "rank-0.log")).read()
+        self.assertIn("resumed from ", log0)
+        self.assertIn(f"skipped in the last 3 sync rounds in a row (up to round {last_round + 1})", log0)
+
+    def test_continuing_a_finished_run_equals_one_long_run(self):
+        # A finished local-mode run ends on a round and saves it. Rerun with more steps, it
+        # continues from there like a run that was that long from the start: no second,
+        # empty round at the resume (its zero pseudo-gradient would still apply the outer
+        # momentum and feed a zero norm to the anomaly statistics). A constant learning
+        # rate (minLr = lr) makes the schedule independent of training.steps.
+        sets = self.base_sets() + ["algorithm.mode=edit", "training.minLr=3e-3"]
+
+        def run(tag, steps):
+            p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", "2", "--log-dir", os.path.join(self.d, tag)]
+                               + sum((["--set", s] for s in sets + [f"training.steps={steps}",
+                                                                    f"checkpoint.dir={self.d}/ck-{tag}"]), []),
+                               capture_output=True, text=True, timeout=600)
+            self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+            return summaries(os.path.join(self.d, tag))
+
+        straight = run("straight", 48)
+        run("continued", 24)
+        continued = run("continued", 48)
+        self.assertEqual(continued[0]["resumed_from"], 24)
+        self.assertEqual(continued[0]["sync_rounds"], straight[0]["sync_rounds"])
+        for r in range(4):
+            a = ckpt.read(os.path.join(self.d, "ck-straight", "step-00000048", f"rank-{r:05d}.ckpt"))
+            b = ckpt.read(os.path.join(self.d, "ck-continued", "step-00000048", f"rank-{r:05d}.ckpt"))
+            for k in a:
+                if k.split("/")[-1] in ("theta", "outer", "momentum", "adam_m", "adam_v", "ewma"):
+                    self.assertEqual(a[k], b[k], f"rank {r}: {k} differs from the straight run's")
 
     def test_edit_train_picks_fast_blas_kernels(self):
         """edit-train started directly (as in a pod, without edit-run to set

@@ -144,6 +144,26 @@ class Recovery(unittest.TestCase):
                           "(shard 0 2 of 4, shard 1 2 of 4); the other units keep round 3's outer state",
                           logs[r], f"rank {r}")
 
+    def test_stall_count_is_agreed_with_the_replacement(self):
+        # The stalling run of test_edit_run.py (every replica anomalous at every round from
+        # round 3 on), with rank 3 lost at step 25, after two skipped rounds. The
+        # replacement takes the survivors' count of skipped rounds: round 5 is the third in
+        # a row on every rank, and the job fails there as one. With a count of its own from
+        # zero it would train on alone while the others stop.
+        sets = ["algorithm.mode=edit", "training.lrWarmupSteps=100000", "training.logEvery=1",
+                "algorithm.penalty.zThreshold=0.001", "algorithm.penalty.anomalyWarmup=2",
+                "algorithm.penalty.maxSkippedRounds=3", "debug.killAtStep.rank=3", "debug.killAtStep.step=25"]
+        p, logs = self.launch("stall", 2, sets)
+        out = p.stdout[-3000:] + p.stderr[-3000:]
+        self.assertEqual(p.returncode, 3, out)
+        self.assertIn("worker 3 exited with code 137; starting a replacement", p.stderr)
+        with open(os.path.join(logs, "rank-0.log")) as f:
+            self.assertIn("skipped in the last 3 sync rounds in a row (up to round 5)", f.read())
+        # Each rank reports the round before the stall check: the replacement's last report
+        # is round 5's, with the whole count.
+        last = base.progress(logs, 3)[-1]
+        self.assertEqual((last["sync_rounds"], last["skip_streak"]), (5, 3), last)
+
     def test_removed_snapshot_dir_key_says_what_to_do(self):
         # runtime.recoverySnapshotDir went with the snapshot: a config that still sets it is
         # refused with what to do, not a bare "unknown key".

@@ -137,7 +137,7 @@ struct Fixture : ::testing::Test {
     return s && s->hasReports;
   }
 
-  std::string scrape() { return prometheus::TextSerializer().Serialize(metrics.registry()->Collect()); }
+  std::string scrape() { return metrics.scrape(); }
 };
 
 // Raw TCP: connects, writes bytes, closes.

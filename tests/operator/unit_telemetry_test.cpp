@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <prometheus/text_serializer.h>
 
 #include "metrics/metrics.h"
@@ -38,7 +40,7 @@ edit::v1alpha1::WorkerReport wireReport(int rank) {
 }
 
 std::string scrape(metrics::Metrics& m) {
-  return prometheus::TextSerializer().Serialize(m.registry()->Collect());
+  return m.scrape();  // as /metrics: the hub publishes its job-wide series first
 }
 
 }  // namespace
@@ -99,6 +101,61 @@ TEST(Progress, RateUsesOnlyTheSlidingWindow) {
   t.add(rep(0, 2, 1, 1000), 1);    // a fast burst long ago
   for (int s = 3; s <= 40; ++s) t.add(rep(0, s, 1, 1000 + 10ull * (s - 2)), s - 1);
   EXPECT_NEAR(t.progress().tokensPerSecond, 10.0, 1e-6);
+}
+
+// add() keeps the job's tokens (sum) and step (min) as running totals instead of a pass
+// over every rank per report. Checked against sums over the test's own copy of each rank's
+// last report, through the rate and the ETA, over random reports (steps that go back, as
+// after a restart), ranks that leave, and resets.
+TEST(Progress, RunningTotalsFollowEveryRanksLastReport) {
+  std::srand(7);
+  JobTelemetry t({1.5, 20, 5}, 1e9);  // a window longer than the test: the first sample stays
+  std::map<int, Report> last;
+  double now = 0, firstTime = 0;
+  uint64_t firstTokens = 0;
+  int64_t firstStep = 0;
+  bool haveFirst = false;
+  for (int i = 0; i < 3000; ++i) {
+    const int op = std::rand() % 100;
+    const int rank = std::rand() % 12;
+    if (op < 3) {
+      t.reset();
+      last.clear();
+      haveFirst = false;
+      continue;
+    }
+    if (op < 8) {
+      t.removeRank(rank);
+      last.erase(rank);
+      continue;
+    }
+    now += 0.5;
+    Report r = rep(rank, std::rand() % 1000, 0.1, static_cast<uint64_t>(std::rand() % 100000));
+    r.totalSteps = 5000;
+    t.add(r, now);
+    last[rank] = r;
+    uint64_t tokens = 0;
+    int64_t step = INT64_MAX;
+    for (const auto& [k, v] : last) {
+      tokens += v.tokens;
+      step = std::min(step, v.step);
+    }
+    if (!haveFirst) {
+      haveFirst = true;
+      firstTime = now;
+      firstTokens = tokens;
+      firstStep = step;
+      continue;
+    }
+    const Progress p = t.progress();
+    ASSERT_EQ(p.tokens, tokens) << "at op " << i;
+    ASSERT_EQ(p.step, step) << "at op " << i;
+    const double dt = now - firstTime;
+    ASSERT_DOUBLE_EQ(p.tokensPerSecond, static_cast<double>(tokens - std::min(firstTokens, tokens)) / dt)
+        << "at op " << i;
+    const double stepRate = static_cast<double>(step - firstStep) / dt;
+    ASSERT_DOUBLE_EQ(p.etaSeconds, stepRate > 0 ? static_cast<double>(5000 - step) / stepRate : -1) << "at op " << i;
+  }
 }
 
 TEST(Hang, NoProgressForTimeout) {

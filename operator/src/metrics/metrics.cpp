@@ -205,6 +205,19 @@ void Metrics::removeJob(const std::string& ns, const std::string& job) {
   jobs_.erase(it);
 }
 
+std::string Metrics::scrape() const {
+  {
+    std::lock_guard<std::mutex> lock(hookMu_);
+    if (beforeScrape_) beforeScrape_();
+  }
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+void Metrics::setBeforeScrape(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(hookMu_);
+  beforeScrape_ = std::move(hook);
+}
+
 void Metrics::refreshAges(double nowUnix) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [key, s] : workers_)

@@ -11,6 +11,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,7 +38,11 @@ class Metrics {
   Metrics();
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   // The text exposition of every metric (what /metrics serves).
-  std::string scrape() const { return prometheus::TextSerializer().Serialize(registry_->Collect()); }
+  // Runs the before-scrape hook first.
+  std::string scrape() const;
+  // Called at the start of every scrape, to set series that are cheaper to compute when
+  // read than on every update (TelemetryHub::publishJobMetrics); nullptr removes it.
+  void setBeforeScrape(std::function<void()> hook);
 
   void setWorker(const WorkerSample& w);
   // Cumulative bytes of one (op, group) from a worker; the counter grows by the increase
@@ -100,6 +105,9 @@ class Metrics {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::mutex mu_;
+  // Held while the hook is replaced or runs: a hub going away waits for a scrape in it.
+  mutable std::mutex hookMu_;
+  std::function<void()> beforeScrape_;
   std::map<RankKey, WorkerSeries> workers_;
   std::map<JobKey, JobSeries> jobs_;
 

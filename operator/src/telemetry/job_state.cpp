@@ -23,15 +23,24 @@ bool constantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0 && !a.empty();
 }
 
+void JobTelemetry::dropTotals(const Report& r) {
+  tokens_ -= r.tokens;
+  steps_.erase(steps_.find(r.step));
+}
+
 void JobTelemetry::add(const Report& r, double now) {
-  auto& st = ranks_[r.rank];
+  auto [it, fresh] = ranks_.try_emplace(r.rank);
+  auto& st = it->second;
   // A step done is progress, forward or not: after an in-place recovery every rank rolls
   // back to the last sync round and its first steps are below the steps it reported
   // before the failure. A heartbeat repeats the last step.
   bool advanced = (!r.heartbeat && r.step != st.last.step) || st.lastSeen == 0;
   // A new worker process (restart) starts its counters again: drop its old window.
   if (r.step < st.last.step) st.stepTimes.clear();
+  if (!fresh) dropTotals(st.last);
   st.last = r;
+  tokens_ += r.tokens;
+  steps_.insert(r.step);
   st.lastSeen = now;
   // A heartbeat repeats a step time already counted.
   if (r.stepSeconds > 0 && !r.heartbeat) {
@@ -41,9 +50,15 @@ void JobTelemetry::add(const Report& r, double now) {
   lastReport_ = now;
   if (advanced) lastProgress_ = now;
 
-  Progress p = progress();
-  samples_.push_back({now, {p.tokens, p.step}});
+  samples_.push_back({now, {tokens_, *steps_.begin()}});
   while (samples_.size() > 2 && samples_.front().first < now - rateWindow_) samples_.pop_front();
+}
+
+void JobTelemetry::removeRank(int rank) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return;
+  dropTotals(it->second.last);
+  ranks_.erase(it);
 }
 
 void JobTelemetry::resetRank(int rank) {
@@ -53,6 +68,8 @@ void JobTelemetry::resetRank(int rank) {
 
 void JobTelemetry::reset() {
   ranks_.clear();
+  tokens_ = 0;
+  steps_.clear();
   samples_.clear();
   lastReport_ = lastProgress_ = 0;
 }
@@ -113,7 +130,7 @@ std::vector<WorkerScore> JobTelemetry::scores() const {
 std::vector<WorkerScore> JobTelemetry::stragglers() const {
   std::vector<WorkerScore> out;
   for (const auto& w : scores())
-    if (w.scored && w.score > settings_.threshold) out.push_back(w);
+    if (isStraggler(w, settings_.threshold)) out.push_back(w);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,16 +83,19 @@ class JobTelemetry {
   void setSettings(const StragglerSettings& s) { settings_ = s; }
   const StragglerSettings& settings() const { return settings_; }
 
+  // O(log ranks): a report's cost must not grow with the job (every worker reports every
+  // step); what spans every rank (progress, scores) is computed when it is read.
   void add(const Report& r, double now);
   // Forget one rank's step-time window (after it was replaced) or everything (restart).
   void resetRank(int rank);
   // Forget a rank that left the job (a scale-down): its last report no longer counts.
-  void removeRank(int rank) { ranks_.erase(rank); }
+  void removeRank(int rank);
   void reset();
 
   Progress progress() const;
   std::vector<WorkerScore> scores() const;
   std::vector<WorkerScore> stragglers() const;  // score > threshold, sorted by rank
+  static bool isStraggler(const WorkerScore& w, double threshold) { return w.scored && w.score > threshold; }
 
   bool hasReports() const { return !ranks_.empty(); }
   double lastReportTime() const { return lastReport_; }
@@ -108,7 +112,14 @@ class JobTelemetry {
  private:
   StragglerSettings settings_;
   double rateWindow_;
+  // Forgets a rank's last report in the running totals below.
+  void dropTotals(const Report& r);
+
   std::map<int, RankState> ranks_;
+  // Running totals over ranks_' last reports, for the rate samples: the job's tokens (sum)
+  // and step (min) without a pass over every rank per report.
+  uint64_t tokens_ = 0;
+  std::multiset<int64_t> steps_;
   std::deque<std::pair<double, std::pair<uint64_t, int64_t>>> samples_;  // (time, (tokens, step))
   double lastReport_ = 0;
   double lastProgress_ = 0;

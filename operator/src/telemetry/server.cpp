@@ -26,6 +26,14 @@ double unixNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+TelemetryHub::TelemetryHub(metrics::Metrics* metrics) : metrics_(metrics) {
+  if (metrics_) metrics_->setBeforeScrape([this] { publishJobMetrics(); });
+}
+
+TelemetryHub::~TelemetryHub() {
+  if (metrics_) metrics_->setBeforeScrape(nullptr);
+}
+
 void TelemetryHub::registerJob(const std::string& ns, const std::string& job, const std::string& token,
                                const StragglerSettings& settings, int restartGeneration) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -87,7 +95,8 @@ std::optional<TelemetryHub::Snapshot> TelemetryHub::snapshot(const std::string& 
   const auto& st = it->second.state;
   s.progress = st.progress();
   s.scores = st.scores();
-  s.stragglers = st.stragglers();
+  for (const auto& w : s.scores)
+    if (JobTelemetry::isStraggler(w, st.settings().threshold)) s.stragglers.push_back(w);
   s.lastReportUnix = st.lastReportTime();
   s.hasReports = st.hasReports();
   for (const auto& [rank, rs] : st.ranks()) s.ranks[rank] = {rs.last.podUid, rs.last.step, rs.lastSeen, rs.last.replicas, rs.last.local};
@@ -152,9 +161,6 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
   const double now = unixNow();
   Report rep;
   metrics::WorkerSample ws;
-  std::vector<WorkerScore> scores;
-  Progress prog;
-  size_t stragglerCount = 0;
   if (!serving_)
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this edit-operator replica is not the leader; retry");
   {
@@ -192,9 +198,6 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
     rep.local.rounds = static_cast<int64_t>(r.local_phase().rounds());
     for (const auto& c : r.comm()) rep.comm.push_back({c.op(), c.group(), c.bytes(), c.wait_seconds()});
     job.state.add(rep, now);
-    scores = job.state.scores();
-    prog = job.state.progress();
-    stragglerCount = job.state.stragglers().size();
     auto pend = job.pending.find(rep.rank);
     if (pend != job.pending.end()) {
       *commands = std::move(pend->second);
@@ -216,17 +219,32 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
     ws.lastReportUnix = now;
     metrics_->setWorker(ws);
     for (const auto& c : rep.comm) metrics_->addCommBytes(ws, c.op, c.group, static_cast<double>(c.bytes));
-    for (const auto& s : scores) metrics_->setStragglerScore(ws.ns, ws.job, s.rank, s.score);
-    metrics::JobSample js;
-    js.stragglers = static_cast<double>(stragglerCount);
-    js.tokensPerSecond = prog.tokensPerSecond;
-    js.loss = prog.loss;
-    js.step = static_cast<double>(prog.step);
-    js.lastSyncDurationSeconds = prog.lastSyncDurationSeconds;
-    metrics_->setJob(ws.ns, ws.job, js);
+    // Every rank's straggler score and the job's series change with every report, and
+    // computing them takes a pass over the job: they are set when /metrics is read
+    // (publishJobMetrics), so that a report costs the same at 8 workers and at 4096.
   }
   if (onReport_) onReport_(r.namespace_(), r.job());
   return grpc::Status::OK;
+}
+
+void TelemetryHub::publishJobMetrics() {
+  if (!metrics_) return;
+  // Under the hub's lock: a job forgotten meanwhile must not get its series back.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [key, job] : jobs_) {
+    if (!job.state.hasReports()) continue;
+    const Progress p = job.state.progress();
+    metrics::JobSample js;
+    for (const auto& w : job.state.scores()) {
+      metrics_->setStragglerScore(key.first, key.second, w.rank, w.score);
+      if (JobTelemetry::isStraggler(w, job.state.settings().threshold)) js.stragglers += 1;
+    }
+    js.tokensPerSecond = p.tokensPerSecond;
+    js.loss = p.loss;
+    js.step = static_cast<double>(p.step);
+    js.lastSyncDurationSeconds = p.lastSyncDurationSeconds;
+    metrics_->setJob(key.first, key.second, js);
+  }
 }
 
 void TelemetryHub::refreshMetrics() {

@@ -22,7 +22,10 @@ double unixNow();
 
 class TelemetryHub {
  public:
-  explicit TelemetryHub(metrics::Metrics* metrics) : metrics_(metrics) {}
+  explicit TelemetryHub(metrics::Metrics* metrics);
+  ~TelemetryHub();
+  TelemetryHub(const TelemetryHub&) = delete;
+  TelemetryHub& operator=(const TelemetryHub&) = delete;
 
   // --- controller side ---
   // Accept reports for this job with this token; updates settings if already known.
@@ -75,6 +78,10 @@ class TelemetryHub {
 
   // Refreshes edit_worker_last_report_age_seconds.
   void refreshMetrics();
+  // Sets the series computed over a job's ranks: every rank's straggler score and the
+  // job's stragglers, tokens/s, loss, step and sync duration. The hub asks the metrics to
+  // call it before each scrape (Metrics::setBeforeScrape), so a report does not pay for it.
+  void publishJobMetrics();
 
  private:
   struct Job {

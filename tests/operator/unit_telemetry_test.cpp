@@ -209,6 +209,24 @@ TEST(Token, ConstantTimeCompare) {
   EXPECT_FALSE(constantTimeEquals("", ""));  // an empty token never authenticates
 }
 
+TEST(Hub, JobSeriesAreSetWhenScrapedAndNotAfterTheHubIsGone) {
+  metrics::Metrics m;
+  {
+    TelemetryHub hub(&m);
+    hub.registerJob("ns", "j", "t", {1.5, 5, 2}, 0);
+    edit::v1alpha1::WorkerReport r = wireReport(0);
+    r.set_step(7);
+    r.set_step_seconds(0.1);
+    std::vector<edit::v1alpha1::Command> cmds;
+    ASSERT_TRUE(hub.accept(r, &cmds).ok());
+    // The job's series are computed by the scrape (TelemetryHub::publishJobMetrics).
+    EXPECT_NE(scrape(m).find("edit_job_step{job=\"j\",namespace=\"ns\"} 7"), std::string::npos) << scrape(m);
+  }
+  // The hub removed its hook: a scrape after it is gone reads what is there (under ASan a
+  // dangling hook would be a use after free).
+  EXPECT_NE(scrape(m).find("edit_job_step{job=\"j\",namespace=\"ns\"} 7"), std::string::npos);
+}
+
 TEST(Hub, RejectsUnknownJobAndWrongToken) {
   metrics::Metrics m;
   TelemetryHub hub(&m);

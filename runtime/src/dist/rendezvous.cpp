@@ -161,11 +161,18 @@ void Rendezvous::waitForOpenGeneration(double deadline, const std::atomic<bool>&
       const int64_t gen = parse(store_->get(key("generation")));
       // The generation still running (formed) lost us; wait until the survivors notice
       // and open the next one, of our size (a scale's new replica waits past recoveries).
+      // A replacement takes the size the survivors opened it with: its environment may
+      // predate a scale that ended while it was being created (the operator renders
+      // WORLD_SIZE from status.replicas, which moves only once the scale is confirmed).
       const std::string g = std::to_string(gen);
-      if (!store_->check({key(g + "/formed")}) && store_->check({key(g + "/world")}) &&
-          parse(store_->get(key(g + "/world"))) == spec_.world) {
-        arrive(gen, deadline, cancel);
-        return;
+      if (!store_->check({key(g + "/formed")}) && store_->check({key(g + "/world")})) {
+        const auto world = static_cast<int>(parse(store_->get(key(g + "/world"))));
+        const bool replacement = spec_.join && !spec_.scaleJoin;
+        if (world == spec_.world || (replacement && spec_.rank < world && world % spec_.shards == 0)) {
+          spec_.world = world;
+          arrive(gen, deadline, cancel);
+          return;
+        }
       }
     }
     checkCancel(cancel);

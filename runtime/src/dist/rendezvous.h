@@ -44,6 +44,9 @@ class Rendezvous {
   // ranks. Each generation names its size on the store, so a new replica waiting for a
   // scale-up never arrives in a recovery generation of the old size, or the reverse.
   void setWorld(int world) { spec_.world = world; }
+  // The size of the generation this rank is in. A replacement that joined takes the size
+  // the survivors opened it with, whatever its environment said (join()).
+  int world() const { return spec_.world; }
   // After rejoin() timed out in a generation that never formed: the next rejoin opens the
   // one after it (that one may still hold the arrivals of the ranks that waited there).
   void abandonForming() { generation_ = std::max(generation_, forming_); }
@@ -57,8 +60,9 @@ class Rendezvous {
   // A survivor of generation `generation()`: moves to the next one and waits until every
   // rank arrived. Throws PeerLost after timeoutSeconds or once `cancel` is set (SIGTERM).
   void rejoin(double timeoutSeconds, const std::atomic<bool>& cancel);
-  // A replacement: waits for a generation that is forming, joins it and waits until it
-  // is formed. Throws PeerLost after timeoutSeconds or once `cancel` is set.
+  // A replacement: waits for a generation that is forming, joins it (at its size, see
+  // world()) and waits until it is formed. Throws PeerLost after timeoutSeconds or once
+  // `cancel` is set.
   void join(double timeoutSeconds, const std::atomic<bool>& cancel);
 
  private:

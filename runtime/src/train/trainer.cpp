@@ -78,6 +78,7 @@ void Trainer::setup() {
     log(mesh_.scaleJoin ? "joining the running job as rank " + std::to_string(mesh_.rank) + " of a new replica"
                         : "joining the running job as a replacement for rank " + std::to_string(mesh_.rank));
     rendezvous_->join(cfg_.runtime.rendezvousTimeoutSeconds, gTerminateRequested);
+    takeGenerationSize();
   }
   comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
   overlap_ = cfg_.algorithm.overlapSteps > 0 && isLocalMode();
@@ -170,6 +171,16 @@ void Trainer::initOuter() {
   stepsSinceSync_ = 0;
   roundStep_ = step_;
   inRound_ = false;
+}
+
+void Trainer::takeGenerationSize() {
+  const int world = rendezvous_->world();
+  if (world == mesh_.world) return;
+  log("the running job has " + std::to_string(world / mesh_.shards) + " replicas, not the " +
+      std::to_string(mesh_.replicas) + " of this worker's environment (a scale ended meanwhile): joining at " +
+      std::to_string(world / mesh_.shards));
+  mesh_.world = world;
+  mesh_.replicas = world / mesh_.shards;
 }
 
 bool Trainer::syncDue(int64_t t) {

@@ -194,6 +194,7 @@ class Trainer {
   void copyOuterState(const RecoveryPlan& plan, bool joiner);  // over the sync group
   void copyAnomalyStats(const std::vector<bool>& survivor, const RecoveryPlan& plan);
   void agreeSkipStreaks();  // the stall check's streaks, alike on every rank (world)
+  void takeGenerationSize();  // a replacement: the replicas of the generation it joined
   void continueFromRound(int64_t round, int64_t step, int64_t lastCkpt);
   void checkSyncGroupAgrees();
   // Elastic replicas (docs/elastic.md): after a sync round at or past the next point of

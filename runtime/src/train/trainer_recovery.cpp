@@ -122,6 +122,7 @@ void Trainer::joinRunningJob() {
       if (attempt > 1) {
         leaveGeneration();
         rendezvous_->join(std::max(0.0, deadline - nowSeconds()), gTerminateRequested);
+        takeGenerationSize();
         comm_ = std::make_unique<Comm>(mesh_, rendezvous_->store(), rendezvous_->prefix());
         rendezvous_->formed(postsArrivals());  // the groups are formed (dist/rendezvous.h)
         stream_ = std::make_unique<CommStream>(*comm_, mesh_.device);

@@ -24,7 +24,7 @@ int64_t parse(const std::vector<uint8_t>& v) {
 
 }  // namespace
 
-Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(spec)) {
+Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(spec)), member_(!spec.join) {
   if (spec.rank != 0) return;
   // Which store this is: a survivor that reconnects after rank 0 left tells the store it
   // formed its generation on (still up while the old rank 0 exits) from its replacement's.
@@ -36,8 +36,8 @@ Rendezvous::Rendezvous(const MeshSpec& spec) : spec_(spec), store_(connectStore(
     store_->set(key("0/formed"), bytes("1"));
   } else {
     // The store died with the old rank 0; this one is fresh. Generation 1 is open: the
-    // survivors reconnect to it (same address) and meet here.
-    store_->set(key("1/world"), bytes(std::to_string(spec.world)));
+    // survivors reconnect to it (same address) and meet here. They name its size: this
+    // replacement's environment may predate a scale (see waitForOpenGeneration).
     store_->set(key("generation"), bytes("1"));
   }
 }
@@ -86,6 +86,7 @@ void Rendezvous::arrive(int64_t gen, double deadline, const std::atomic<bool>& c
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   generation_ = gen;
+  member_ = true;
 }
 
 void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) {
@@ -165,9 +166,13 @@ void Rendezvous::waitForOpenGeneration(double deadline, const std::atomic<bool>&
       // predate a scale that ended while it was being created (the operator renders
       // WORLD_SIZE from status.replicas, which moves only once the scale is confirmed).
       const std::string g = std::to_string(gen);
+      // Rank 0's replacement opened it without a size: a survivor, which knows the running
+      // world, names it (every survivor the same).
+      if (member_ && !store_->check({key(g + "/formed")}) && !store_->check({key(g + "/world")}))
+        store_->set(key(g + "/world"), bytes(std::to_string(spec_.world)));
       if (!store_->check({key(g + "/formed")}) && store_->check({key(g + "/world")})) {
         const auto world = static_cast<int>(parse(store_->get(key(g + "/world"))));
-        const bool replacement = spec_.join && !spec_.scaleJoin;
+        const bool replacement = !member_ && spec_.join && !spec_.scaleJoin;
         if (world == spec_.world || (replacement && spec_.rank < world && world % spec_.shards == 0)) {
           spec_.world = world;
           arrive(gen, deadline, cancel);

@@ -6,7 +6,9 @@
 // names a generation that is still forming and joins it. A generation is formed when all
 // WORLD_SIZE ranks arrived; then each builds its process groups under the generation's
 // prefix. Rank 0 hosts the store: when rank 0 dies, its replacement hosts a fresh store at
-// the same address with generation 1 open, and the survivors reconnect to it.
+// the same address with generation 1 open, and the survivors reconnect to it and name its
+// size (a replacement takes the size the survivors give its generation: its environment
+// may predate a scale).
 //
 // Each store names its incarnation: a survivor that reconnects tells rank 0's store (still
 // up while rank 0 exits) from its replacement's, and meets the replacement where it waits.
@@ -85,6 +87,9 @@ class Rendezvous {
   int64_t generation_ = 0;
   int64_t forming_ = 0;      // the generation this rank last arrived in
   std::string incarnation_;  // of the store the current generation formed on
+  // In a generation that formed (from the start, unless EDIT_JOIN): it knows the running
+  // world's size. A replacement is not until it joined, and takes the size it finds.
+  bool member_ = false;
   const std::atomic<bool>* callOff_ = nullptr;
 };
 

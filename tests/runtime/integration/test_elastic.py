@@ -153,44 +153,53 @@ class Elastic(unittest.TestCase):
             self.assertEqual(s[r]["steps"], 48, s[r])
         assert_final_replicas_identical(self, os.path.join(self.d, "ck-failed"), 2, 1)
 
-    def test_replacement_started_for_the_old_size_joins_at_the_new_one(self):
+    def stale_replacement_joins(self, lost):
         # On a cluster the operator renders a replacement pod's WORLD_SIZE from
         # status.replicas, which moves only once the scale is confirmed: a worker lost just
         # after the world grew gets a replacement that still says 2 replicas. The workers
         # are started here as the pods would be (edit-train, the pods' environment): ranks 0
         # and 1 of 2 replicas, rank 2 as the new replica's (EDIT_JOIN=scale), the world grows
-        # to 3 at step 16, rank 1 dies at step 22 and its replacement says 2 replicas. It
-        # must join the survivors' generation of 3, and the job finish in place.
+        # to 3 at step 16, rank `lost` dies at step 22 and its replacement says 2 replicas.
+        # It must join the survivors' generation of 3, and the job finish in place.
         train = os.path.join(os.path.dirname(EDIT_RUN), "edit-train")
         port = base.free_port()
         ck = os.path.join(self.d, "ck-stale")
         sets = self.base_sets() + ["algorithm.mode=edit", f"checkpoint.dir={ck}", "metrics.port=-1",
-                                   "runtime.rendezvousTimeoutSeconds=60", "debug.killAtStep.rank=1",
+                                   "runtime.rendezvousTimeoutSeconds=60", f"debug.killAtStep.rank={lost}",
                                    "debug.killAtStep.step=22"]
         args = [train] + sum((["--set", s] for s in sets), [])
+        logs = {}
 
         def start(rank, replicas, join, tag):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(replicas), EDIT_REPLICAS=str(replicas),
                        EDIT_SHARDS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        EDIT_BIND_ADDR="127.0.0.1", EDIT_LOCAL_WORLD_SIZE="3", EDIT_JOIN=join,
                        EDIT_SCALE_AT=f"{GROW_AT}:3")
-            log = open(os.path.join(self.d, f"rank-{rank}-{tag}.log"), "w")
+            logs[tag] = os.path.join(self.d, f"rank-{tag}.log")
+            log = open(logs[tag], "w")
             self.addCleanup(log.close)
             p = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
             self.addCleanup(lambda: p.poll() is None and p.kill())
             return p
 
-        first = {0: start(0, 2, "0", "job"), 1: start(1, 2, "0", "job"), 2: start(2, 3, "scale", "new")}
-        self.assertEqual(first[1].wait(timeout=300), -signal.SIGKILL)
-        replacement = start(1, 2, "1", "replacement")
-        for name, p in (("rank 0", first[0]), ("rank 2", first[2]), ("the replacement", replacement)):
-            self.assertEqual(p.wait(timeout=300), 0, name + ": " + open(
-                os.path.join(self.d, "rank-%s.log" % {"rank 0": "0-job", "rank 2": "2-new"}.get(name, "1-replacement"))
-            ).read()[-3000:])
-        text = open(os.path.join(self.d, "rank-1-replacement.log")).read()
+        procs = {"0": start(0, 2, "0", "0"), "1": start(1, 2, "0", "1"), "2": start(2, 3, "scale", "2")}
+        self.assertEqual(procs[str(lost)].wait(timeout=300), -signal.SIGKILL)
+        procs[f"{lost}-replacement"] = start(lost, 2, "1", f"{lost}-replacement")
+        del procs[str(lost)]
+        for tag, p in procs.items():
+            self.assertEqual(p.wait(timeout=300), 0, tag + ": " + open(logs[tag]).read()[-3000:])
+        text = open(logs[f"{lost}-replacement"]).read()
         self.assertIn("the running job has 3 replicas, not the 2 of this worker's environment", text)
-        self.assertIn("recovered in place", open(os.path.join(self.d, "rank-0-job.log")).read())
+        self.assertIn("recovered in place", open(logs["2"]).read())
         assert_final_replicas_identical(self, ck, 3, 1)
+
+    def test_replacement_started_for_the_old_size_joins_at_the_new_one(self):
+        self.stale_replacement_joins(1)
+
+    def test_rank0_replacement_started_for_the_old_size_joins_at_the_new_one(self):
+        # Rank 0 hosts the job's store: its replacement hosts a fresh one and opens the
+        # recovery generation without a size; the survivors, which know it, name it.
+        self.stale_replacement_joins(0)
 
     def test_sigusr1_grows_and_sigusr2_shrinks(self):
         # Asked while the job runs: kill -USR1 edit-run adds a replica at the next sync

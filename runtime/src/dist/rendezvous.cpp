@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <iostream>
 #include <random>
 #include <thread>
 
@@ -10,6 +11,10 @@
 
 namespace edit {
 namespace {
+
+// How long rank 0's replacement waits for a survivor to name the size of the generation it
+// opened on its fresh store (waitForOpenGeneration).
+constexpr double kNameSizeGraceSeconds = 30;
 
 std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
@@ -157,6 +162,11 @@ void Rendezvous::join(double timeoutSeconds, const std::atomic<bool>& cancel) {
 }
 
 void Rendezvous::waitForOpenGeneration(double deadline, const std::atomic<bool>& cancel) {
+  // Rank 0's replacement names its own size when no survivor has named one by then: with
+  // every rank replaced at once nobody else would, and the recovery must fail fast (no
+  // survivor holds the state) instead of at the deadline.
+  const double ownSizeAt = nowSeconds() + std::min(kNameSizeGraceSeconds, std::max(0.0, deadline - nowSeconds()) / 4);
+  bool namedOwn = false;
   for (;;) {
     if (store_->check({key("generation")})) {
       const int64_t gen = parse(store_->get(key("generation")));
@@ -167,9 +177,17 @@ void Rendezvous::waitForOpenGeneration(double deadline, const std::atomic<bool>&
       // WORLD_SIZE from status.replicas, which moves only once the scale is confirmed).
       const std::string g = std::to_string(gen);
       // Rank 0's replacement opened it without a size: a survivor, which knows the running
-      // world, names it (every survivor the same).
-      if (member_ && !store_->check({key(g + "/formed")}) && !store_->check({key(g + "/world")}))
-        store_->set(key(g + "/world"), bytes(std::to_string(spec_.world)));
+      // world, names it (every survivor the same; the first one's stays).
+      const bool fallback = !member_ && spec_.rank == 0 && !namedOwn && nowSeconds() >= ownSizeAt;
+      if ((member_ || fallback) && !store_->check({key(g + "/formed")}) && !store_->check({key(g + "/world")})) {
+        store_->compareSet(key(g + "/world"), {}, bytes(std::to_string(spec_.world)));
+        if (fallback) {
+          namedOwn = true;
+          std::cerr << "rendezvous: no survivor named the size of generation " << g << " within "
+                    << static_cast<int>(kNameSizeGraceSeconds) << " s; taking this worker's (" << spec_.world
+                    << " ranks)\n";
+        }
+      }
       if (!store_->check({key(g + "/formed")}) && store_->check({key(g + "/world")})) {
         const auto world = static_cast<int>(parse(store_->get(key(g + "/world"))));
         const bool replacement = !member_ && spec_.join && !spec_.scaleJoin;

@@ -164,6 +164,49 @@ class Recovery(unittest.TestCase):
         last = base.progress(logs, 3)[-1]
         self.assertEqual((last["sync_rounds"], last["skip_streak"]), (5, 3), last)
 
+    def test_every_rank_replaced_at_once_falls_back_to_a_gang_restart(self):
+        # Every worker of a 2 x 1 job is lost at once in its local phase (a node with all
+        # the pods), and each gets a replacement, as the operator makes them. Rank 0's
+        # replacement opens the recovery generation on a fresh store without a size; no
+        # survivor is left to name it, so it names its own after a grace period, and the
+        # replacements find that nobody holds the state: exit 75 (a gang restart from the
+        # checkpoint) at once, not at the default 600 s rendezvous deadline.
+        train = os.path.join(os.path.dirname(EDIT_RUN), "edit-train")
+        port = base.free_port()
+        sets = self.base_sets() + ["algorithm.mode=edit", "training.steps=400", "training.logEvery=1",
+                                   "metrics.port=-1", f"checkpoint.dir={self.d}/ck-all"]
+        args = [train] + sum((["--set", s] for s in sets), [])
+
+        def start(rank, join):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", EDIT_REPLICAS="2", EDIT_SHARDS="1",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), EDIT_BIND_ADDR="127.0.0.1",
+                       EDIT_LOCAL_WORLD_SIZE="2", EDIT_JOIN=join)
+            log = open(os.path.join(self.d, f"all-{rank}-{join}.log"), "w")
+            self.addCleanup(log.close)
+            p = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.addCleanup(lambda: p.poll() is None and p.kill())
+            return p
+
+        first = [start(0, "0"), start(1, "0")]
+        deadline = time.time() + 120
+        log0 = os.path.join(self.d, "all-0-0.log")
+        while time.time() < deadline:  # past the warm-up: a local phase
+            rows = [l for l in open(log0) if l.startswith("@edit ")]
+            if rows and json.loads(rows[-1][6:])["step"] >= WARMUP + SYNC + 2:
+                break
+            time.sleep(0.1)
+        else:
+            self.fail("the job did not reach its local phase:\n" + open(log0).read()[-2000:])
+        for p in first:
+            p.kill()
+            p.wait()
+        replacements = [start(0, "1"), start(1, "1")]
+        for r, p in enumerate(replacements):
+            self.assertEqual(p.wait(timeout=300), 75, open(os.path.join(self.d, f"all-{r}-1.log")).read()[-2000:])
+        text = open(os.path.join(self.d, "all-0-1.log")).read()
+        self.assertIn("no survivor named the size of generation 1", text)
+        self.assertIn("cannot recover in place: no survivor holds an outer state", text)
+
     def test_removed_snapshot_dir_key_says_what_to_do(self):
         # runtime.recoverySnapshotDir went with the snapshot: a config that still sets it is
         # refused with what to do, not a bare "unknown key".

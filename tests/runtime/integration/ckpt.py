@@ -6,7 +6,8 @@ DTYPES = {6: ("f", 4), 7: ("d", 8), 4: ("q", 8)}  # c10::ScalarType codes: Float
 
 
 def read(path):
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     assert data[:8] == b"EDITCKP1", f"{path}: bad magic"
     (crc,) = struct.unpack_from("<I", data, len(data) - 4)
     assert zlib.crc32(data[:-4]) == crc, f"{path}: checksum mismatch"

@@ -31,6 +31,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start_as_pod(test, args, log_path, rank, replicas, port, join, local_world, **env):
+    """edit-train as an operator-made pod starts it (its environment, no edit-run): rank
+    `rank` of `replicas` x 1, EDIT_JOIN `join` ("0", "1" or "scale"), output in log_path.
+    Killed at the end of the test if it still runs."""
+    e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(replicas), EDIT_REPLICAS=str(replicas), EDIT_SHARDS="1",
+             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), EDIT_BIND_ADDR="127.0.0.1",
+             EDIT_LOCAL_WORLD_SIZE=str(local_world), EDIT_JOIN=join, **env)
+    log = open(log_path, "w")
+    test.addCleanup(log.close)
+    p = subprocess.Popen(args, env=e, stdout=log, stderr=subprocess.STDOUT)
+    test.addCleanup(lambda: p.poll() is None and p.kill())
+    return p
+
+
 def make_data(d):
     """A small English-like corpus (generated, no download) as llm.c token files."""
     words = ("the of and to in a is that for it as was with be by on not he this are or his "

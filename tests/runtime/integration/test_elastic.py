@@ -171,16 +171,9 @@ class Elastic(unittest.TestCase):
         logs = {}
 
         def start(rank, replicas, join, tag):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(replicas), EDIT_REPLICAS=str(replicas),
-                       EDIT_SHARDS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       EDIT_BIND_ADDR="127.0.0.1", EDIT_LOCAL_WORLD_SIZE="3", EDIT_JOIN=join,
-                       EDIT_SCALE_AT=f"{GROW_AT}:3")
             logs[tag] = os.path.join(self.d, f"rank-{tag}.log")
-            log = open(logs[tag], "w")
-            self.addCleanup(log.close)
-            p = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-            self.addCleanup(lambda: p.poll() is None and p.kill())
-            return p
+            return base.start_as_pod(self, args, logs[tag], rank, replicas, port, join, 3,
+                                     EDIT_SCALE_AT=f"{GROW_AT}:3")
 
         procs = {"0": start(0, 2, "0", "0"), "1": start(1, 2, "0", "1"), "2": start(2, 3, "scale", "2")}
         self.assertEqual(procs[str(lost)].wait(timeout=300), -signal.SIGKILL)

@@ -178,14 +178,8 @@ class Recovery(unittest.TestCase):
         args = [train] + sum((["--set", s] for s in sets), [])
 
         def start(rank, join):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", EDIT_REPLICAS="2", EDIT_SHARDS="1",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), EDIT_BIND_ADDR="127.0.0.1",
-                       EDIT_LOCAL_WORLD_SIZE="2", EDIT_JOIN=join)
-            log = open(os.path.join(self.d, f"all-{rank}-{join}.log"), "w")
-            self.addCleanup(log.close)
-            p = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-            self.addCleanup(lambda: p.poll() is None and p.kill())
-            return p
+            return base.start_as_pod(self, args, os.path.join(self.d, f"all-{rank}-{join}.log"), rank, 2, port,
+                                     join, 2)
 
         first = [start(0, "0"), start(1, "0")]
         deadline = time.time() + 120

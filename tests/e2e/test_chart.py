@@ -7,9 +7,10 @@ the rendered pod template, which the stand-in's kubelet runs. The pods keep the
 rendered args except the port numbers, moved to free ones in the same ':PORT' form
 (pods share one network here, and a Service's named targetPort follows them; the chart
 is rendered with free Service ports too, and its args are checked against the render
-with the chart's own ports). Two things
-are added: the command (the image's ENTRYPOINT) and KUBECONFIG, a kubeconfig with the
-ServiceAccount's token from `kubectl create token`, because the stand-in serves plain
+with the chart's own ports). Two things are added: the command (the image's ENTRYPOINT)
+and KUBECONFIG, a kubeconfig with the ServiceAccount's token from `kubectl create token`,
+mounted from a Secret as a real cluster mounts credentials (never a host path: the test's
+folder is under /tmp, where the pod has its emptyDir), because the stand-in serves plain
 HTTP where the in-cluster config expects HTTPS. Every request of the operator is then
 authorized by the rendered RBAC (tests/apiserver/auth.py) and readiness is the rendered
 readinessProbe.
@@ -31,6 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 import urllib.error
@@ -42,6 +44,8 @@ import harness as h  # noqa: E402
 
 CHART = os.path.join(h.ROOT, "charts", "edit-operator")
 RELEASE, RELEASE_NS = "t", "edit-system"
+# The operator pods' credentials: a Secret the test makes, mounted where a token would be.
+KUBECONFIG_SECRET, KUBECONFIG_MOUNT = "t-test-kubeconfig", "/var/run/secrets/edit-test"
 # The label the leader puts on its own pod, as the operator's code names it.
 LEADER_LABEL = re.search(r'kLeaderLabel = "([^"]+)"', open(os.path.join(
     h.ROOT, "operator", "src", "leader", "lease.h")).read()).group(1)
@@ -106,11 +110,11 @@ class ChartOperator(unittest.TestCase):
             missing.append("PyYAML (python3-yaml)")
         if missing:
             self.skipTest("missing: " + ", ".join(missing))
-        # Not under /tmp: the rendered pod mounts an emptyDir there, and the stand-in's
-        # kubelet would translate every path under /tmp into it.
-        tmp_root = os.path.join(h.BUILD, "tests-tmp")
-        os.makedirs(tmp_root, exist_ok=True)
-        self.c = h.Cluster(prefix="edit-chart-", tmp_dir=tmp_root, path_prepend=[os.path.dirname(h.OPERATOR)])
+        # Under the system's temporary folder on purpose: the rendered pod mounts an
+        # emptyDir at /tmp, and nothing the pod is given may be a host path that the
+        # stand-in's kubelet would take for one inside that volume.
+        self.c = h.Cluster(prefix="edit-chart-", tmp_dir=tempfile.gettempdir(),
+                           path_prepend=[os.path.dirname(h.OPERATOR)])
         self.addCleanup(self.c.close)
         self.c.start_standin()
         self.c.kubectl("apply", "-f", h.CRD)
@@ -136,13 +140,15 @@ class ChartOperator(unittest.TestCase):
         sa = self.deployment["spec"]["template"]["spec"]["serviceAccountName"]
         token = self.c.kubectl("create", "token", sa, "-n", RELEASE_NS).stdout.strip()
         self.user = "system:serviceaccount:%s:%s" % (RELEASE_NS, sa)
-        self.op_kubeconfig = os.path.join(self.c.tmp, "operator.kubeconfig")
-        with open(self.op_kubeconfig, "w") as f:
-            f.write("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-                    "clusters: [{name: c, cluster: {server: '%s'}}]\n"
-                    "users: [{name: u, user: {token: '%s'}}]\n"
-                    "contexts: [{name: c, context: {cluster: c, user: u, namespace: %s}}]\n"
-                    % (self.c.url, token, RELEASE_NS))
+        # The kubeconfig reaches the pod as a real cluster hands over credentials: a
+        # Secret mounted read-only, never a path on the test's host.
+        kubeconfig = ("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                      "clusters: [{name: c, cluster: {server: '%s'}}]\n"
+                      "users: [{name: u, user: {token: '%s'}}]\n"
+                      "contexts: [{name: c, context: {cluster: c, user: u, namespace: %s}}]\n"
+                      % (self.c.url, token, RELEASE_NS))
+        self.c.kubectl("create", "secret", "generic", KUBECONFIG_SECRET, "-n", RELEASE_NS,
+                       "--from-literal=kubeconfig=" + kubeconfig)
 
     def start_operator_pod(self, revision="1"):
         """One pod of the Deployment's template (revision: a pod-template-hash stand-in)."""
@@ -164,7 +170,11 @@ class ChartOperator(unittest.TestCase):
         c["args"] = args
         for p in c["ports"]:
             p["containerPort"] = ports[p["name"]]
-        c["env"] = c.get("env", []) + [{"name": "KUBECONFIG", "value": self.op_kubeconfig}]
+        c["env"] = c.get("env", []) + [{"name": "KUBECONFIG", "value": KUBECONFIG_MOUNT + "/kubeconfig"}]
+        c["volumeMounts"] = c.get("volumeMounts", []) + [
+            {"name": "test-kubeconfig", "mountPath": KUBECONFIG_MOUNT, "readOnly": True}]
+        tmpl["spec"]["volumes"] = tmpl["spec"].get("volumes", []) + [
+            {"name": "test-kubeconfig", "secret": {"secretName": KUBECONFIG_SECRET}}]
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": dict(tmpl["metadata"], name=name, namespace=RELEASE_NS),
                "spec": tmpl["spec"]}

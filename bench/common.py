@@ -1,23 +1,18 @@
-"""Constants and small helpers shared by the benchmark driver (run.py) and its report (report.py)."""
+"""Constants and small helpers shared by the benchmark drivers; every driver imports it
+first, which also makes the helpers they share with the tests importable."""
 
-import argparse
-import atexit
-import datetime
-import json
 import math
 import os
 import re
-import shutil
-import signal
-import socket
-import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# edit_testing (tests/pylib): ctest puts it on PYTHONPATH; a driver run by hand
+# (python3 bench/X.py, bench/run.sh) finds it here.
+sys.path.insert(0, os.path.join(ROOT, "tests", "pylib"))
+from edit_testing.cpu import openblas_coretype  # noqa: E402
 
 
 def mode_table():
@@ -111,22 +106,13 @@ def blas_env(args, workers):
 
 
 def blas_coretype(choice):
-    """OpenBLAS 0.3.21's DYNAMIC_ARCH detection does not know this CPU's model number and
-    falls back to the SSE3 `Prescott` kernels (OPENBLAS_VERBOSE=2 shows `Core: Prescott`);
-    naming the core from the CPU flags gives the AVX-512 kernels."""
+    """OPENBLAS_CORETYPE of --openblas-coretype: "auto" names the core from the CPU flags as
+    edit-train does (OpenBLAS 0.3.21's DYNAMIC_ARCH detection does not know this CPU's
+    model number and falls back to the SSE3 `Prescott` kernels; OPENBLAS_VERBOSE=2 shows
+    `Core: Prescott`), "default" leaves it to OpenBLAS, anything else is the name."""
     if choice == "default":
         return None
     if choice != "auto":
         return choice
-    try:
-        flags = set(next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split())
-    except (OSError, StopIteration):
-        return None
-    if "avx512_bf16" in flags:
-        return "Cooperlake"
-    if "avx512f" in flags and "avx512bw" in flags:
-        return "SkylakeX"
-    if "avx2" in flags and "fma" in flags:
-        return "Haswell"
-    return None
+    return openblas_coretype()
 

@@ -8,7 +8,7 @@ bench/run.py (blocked share and steady tokens/s).
     python3 bench/compression.py --steps 40 --no-link  # shorter, without the link scenario
     python3 bench/compression.py --codecs none,int8 --seeds 3 --no-link  # loss over 3 seeds
 
-Reuses run.py's launcher, analysis and network namespaces; same tiny preset and Brown data.
+Runs its workers as run.py does (workers.py) with its network namespaces; same tiny preset and Brown data.
 """
 
 import argparse
@@ -18,10 +18,9 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import run  # noqa: E402
-from netns import NetNS  # noqa: E402
-from common import LAYOUTS, ROOT, TINY, blas_coretype, flops_per_token, fmt, log  # noqa: E402
+from common import ROOT, TINY, blas_coretype, flops_per_token, fmt, log
+from netns import NetNS
+from workers import analyze, launch
 
 
 CODECS = ["none", "int8", "int4", "int8+overlap"]  # the last: algorithm.overlapSteps as well
@@ -123,9 +122,9 @@ def one(a, tmp, layout, comp, steps, netns=None, tau=None, tag=None, seed=None):
     sets = (settings(comp, tau or a.tau) + ([f"algorithm.syncInterval={tau}"] if tau else [])
             + ([f"training.seed={seed}"] if seed else []))
     log(f"run {run_id}")
-    workers, wall = run.launch(a, tmp, run_id, layout, sets, netns=netns, timeout=3600)
+    workers, wall = launch(a, tmp, run_id, layout, sets, netns=netns, timeout=3600)
     cfg = dict(mode="edit", warmup=a.warmup, tokens_per_step=a.batch * a.seq)
-    r = run.analyze(workers, wall, layout, cfg, flops_per_token(TINY, a.seq))
+    r = analyze(workers, wall, layout, cfg, flops_per_token(TINY, a.seq))
     r.pop("series", None)
     if not r["ok"]:
         raise SystemExit(f"{run_id} failed: exit codes {r['rc']} (logs in {tmp})")

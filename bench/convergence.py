@@ -36,12 +36,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import LAYOUTS, MODES, ROOT, blas_coretype, fmt, log, run_cmd  # noqa: E402
-from report import has_cairo  # noqa: E402
-from run import analyze, launch  # noqa: E402
+from common import LAYOUTS, MODES, ROOT, blas_coretype, fmt, log, run_cmd
+from report import has_cairo
+from workers import analyze, launch, snapshot_binary
 
 
 
@@ -117,11 +115,8 @@ def main(argv):
     if not os.path.exists(os.path.join(ROOT, "data", "brown", "train.bin")):
         env = dict(os.environ, EDIT_DATA_BIN=os.path.join(a.bin_dir, "edit-data"))
         subprocess.run([os.path.join(ROOT, "scripts", "prepare-data.sh")], check=True, env=env)
-    # A private copy of the worker: the same build for every run (see bench/run.py).
-    snap = os.path.join(tmp, "bin")
-    os.makedirs(snap)
-    shutil.copy2(os.path.join(a.bin_dir, "edit-train"), snap)
-    a.bin_dir = snap
+    if not snapshot_binary(a, tmp):  # the same build for every run
+        return 2
 
     scenarios = [s for s in a.scenarios.split(",") if s]
     layouts = [l for l in a.layouts.split(",") if l]

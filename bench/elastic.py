@@ -16,17 +16,15 @@ grow much; what the table shows is that a scale costs seconds, not a restart.
 
 import argparse
 import datetime
-import glob
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, log  # noqa: E402
+from common import ROOT, log
+from edit_testing import edit_run, logs
 
 
 def parse(argv):
@@ -41,32 +39,18 @@ def parse(argv):
 
 
 def run(a, tmp, tag, scale):
-    logs = os.path.join(tmp, tag)
-    cmd = [os.path.join(a.bin_dir, "edit-run"), "--nproc", str(2 * a.shards), "--shards", str(a.shards),
-           "--config", os.path.join(ROOT, "examples", "local", "tiny.yaml"), "--log-dir", logs, "--quiet",
-           "--set", f"training.steps={a.steps}", "--set", "training.logEvery=1", "--set", "checkpoint.dir="]
-    if scale:
-        cmd += ["--scale-at", f"{a.grow}:3", "--scale-at", f"{a.shrink}:2"]
-    log(" ".join(cmd[1:]))
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    opts = dict(nproc=2 * a.shards, shards=a.shards, config=os.path.join(ROOT, "examples", "local", "tiny.yaml"),
+                sets=[f"training.steps={a.steps}", "training.logEvery=1", "checkpoint.dir="],
+                args=["--scale-at", f"{a.grow}:3", "--scale-at", f"{a.shrink}:2"] if scale else [],
+                log_dir=os.path.join(tmp, tag), quiet=True, binary=os.path.join(a.bin_dir, "edit-run"))
+    log(" ".join(edit_run.command(**opts)[1:]))
+    p = edit_run.run(**opts, timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"{tag}: edit-run exited {p.returncode}\n{p.stderr[-3000:]}")
-    rows, summaries, scaled_at = {}, {}, []
-    for f in glob.glob(os.path.join(logs, "rank-*.log")):
-        with open(f) as fh:
-            for line in fh:
-                if line.startswith("@edit "):
-                    j = json.loads(line[6:])
-                    rows.setdefault(j["rank"], []).append(j)
-                elif line.startswith("@edit-summary "):
-                    s = json.loads(line[14:])
-                    summaries[s["rank"]] = s
-                elif f.endswith("rank-0.log"):
-                    # Where each scale really happened: the first sync round at or after its point.
-                    m = re.search(r"scaled to \d+ replicas .* at step (\d+)", line)
-                    if m:
-                        scaled_at.append(int(m.group(1)))
-    return rows, summaries, scaled_at
+    # Where each scale really happened: the first sync round at or after its point.
+    with open(os.path.join(p.log_dir, "rank-0.log"), errors="replace") as f:
+        scaled_at = [int(m) for m in re.findall(r"scaled to \d+ replicas .* at step (\d+)", f.read())]
+    return logs.progress_by_rank(p.log_dir), logs.summaries(p.log_dir), scaled_at
 
 
 def phase_tps(rows, lo, hi):

@@ -25,10 +25,12 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-import harness as h  # noqa: E402
+from common import ROOT
+from edit_testing.cluster import Cluster, job_manifest, unique
+from edit_testing.data import make_data
+from edit_testing.logs import PROGRESS
+from edit_testing.net import free_port
+from edit_testing.paths import BUILD, CRD, OPERATOR, find_kubectl
 
 
 def parse(argv):
@@ -42,17 +44,17 @@ def parse(argv):
 class Bench:
     def __init__(self, a):
         self.a = a
-        self.c = h.Cluster(prefix="edit-bench-elastic-")
+        self.c = Cluster(prefix="edit-bench-elastic-")
         self.c.start_standin()
-        self.c.kubectl("apply", "-f", h.CRD)
+        self.c.kubectl("apply", "-f", CRD)
         self.c.kubectl("wait", "--for=condition=Established", "crd/editjobs.edit.io", "--timeout=30s")
-        self.ns, self.name = h.unique("bench"), "el"
+        self.ns, self.name = unique("bench"), "el"
         self.c.create_namespace(self.ns)
         self.c.start_operator([self.ns])
         data = os.path.join(self.c.tmp, "data")
         os.makedirs(data)
-        h.make_data(data)
-        m = h.job_manifest(self.name, self.ns, data, os.path.join(self.c.tmp, "ckpt"), h.free_port(),
+        make_data(data)
+        m = job_manifest(self.name, self.ns, data, os.path.join(self.c.tmp, "ckpt"), free_port(),
                            steps=a.steps, every=100000, replicas=2, shards=1)
         # The tiny preset at its own size (examples/local/tiny.yaml), logging every step.
         m["spec"]["model"] = {"preset": "tiny"}
@@ -80,7 +82,7 @@ class Bench:
                 if os.path.getmtime(f) < after:
                     continue
                 with open(f, errors="replace") as fh:
-                    if any(line.startswith("@edit ") for line in fh):
+                    if any(line.startswith(PROGRESS) for line in fh):
                         return time.monotonic()
             return None
         return self.c.wait_for(fn, 180, "rank %d's first step" % rank, interval=0.05)
@@ -121,8 +123,8 @@ class Bench:
 
 def main(argv):
     a = parse(argv)
-    if not h.find_kubectl() or not os.access(h.OPERATOR, os.X_OK):
-        raise SystemExit("needs kubectl and a built edit-operator (EDIT_BUILD_DIR=%s)" % h.BUILD)
+    if not find_kubectl() or not os.access(OPERATOR, os.X_OK):
+        raise SystemExit("needs kubectl and a built edit-operator (EDIT_BUILD_DIR=%s)" % BUILD)
     out = a.out or os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat())
     os.makedirs(out, exist_ok=True)
     b = Bench(a)

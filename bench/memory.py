@@ -22,10 +22,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, blas_coretype, log  # noqa: E402
+from common import ROOT, blas_coretype, log
+from edit_testing import edit_run, logs
 
 MODEL_100M = dict(preset="custom", dim=1024, layers=8, heads=16, ffnDim=2752, vocabSize=256)
 QUICK_MODEL = dict(preset="custom", dim=256, layers=4, heads=4, ffnDim=688, vocabSize=256)
@@ -47,22 +46,13 @@ def run_edit(bin_dir, cfg_text, nproc, shards, sets=(), env=None):
         cfg = os.path.join(tmp, "cfg.yaml")
         with open(cfg, "w") as f:
             f.write(cfg_text)
-        cmd = [os.path.join(bin_dir, "edit-run"), "--nproc", str(nproc), "--shards", str(shards),
-               "--config", cfg, "--quiet", "--log-dir", os.path.join(tmp, "logs")]
-        for s in sets:
-            cmd += ["--set", s]
-        t0 = time.time()
-        r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env={**os.environ, **(env or {})})
-        wall = time.time() - t0
-        summaries = []
-        for name in sorted(os.listdir(os.path.join(tmp, "logs"))):
-            for line in open(os.path.join(tmp, "logs", name)):
-                if line.startswith("@edit-summary "):
-                    summaries.append(json.loads(line[len("@edit-summary "):]))
+        r = edit_run.run(nproc, sets, shards=shards, config=cfg, quiet=True, log_dir=os.path.join(tmp, "logs"),
+                         binary=os.path.join(bin_dir, "edit-run"), cwd=ROOT, env={**os.environ, **(env or {})},
+                         timeout=None, merge_output=True)
+        summaries = [s for _, s in sorted(logs.summaries(r.log_dir).items())]
         if r.returncode != 0:
             log(f"edit-run exited {r.returncode}:\n{r.stdout[-3000:]}")
-        return dict(code=r.returncode, wall=wall, summaries=summaries, tail=r.stdout[-2000:])
+        return dict(code=r.returncode, wall=r.wall, summaries=summaries, tail=r.stdout[-2000:])
 
 
 def run_peer(peer, model, steps, batch, seq, nproc=4):

@@ -26,9 +26,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, blas_coretype, log  # noqa: E402
-from memory import MODEL_100M  # noqa: E402
+from common import ROOT, blas_coretype, log
+from edit_testing import edit_run, logs
+from memory import MODEL_100M
 
 MODELS = {  # common/src/worker_config.cpp presets
     "tiny": dict(dim=128, layers=4, heads=4, ffn=352),
@@ -55,27 +55,18 @@ def gemm_rate(gemm_bin, m, tokens, seq, env):
 
 
 def run_ours(a, m, mode, env):
-    sets = [f"model.preset=custom", f"model.dim={m['dim']}", f"model.layers={m['layers']}",
+    sets = ["model.preset=custom", f"model.dim={m['dim']}", f"model.layers={m['layers']}",
             f"model.heads={m['heads']}", f"model.ffnDim={m['ffn']}", f"model.vocabSize={VOCAB}",
             f"data.batchSize={a.batch}", f"data.seqLen={a.seq}", f"training.steps={a.steps}",
             "training.lr=1e-3", "checkpoint.dir=", "data.valBatches=4", f"algorithm.mode={mode}",
             "algorithm.warmupSteps=0", f"algorithm.syncInterval={a.H}"]
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [os.path.join(a.bin_dir, "edit-run"), "--nproc", str(a.nproc), "--quiet",
-               "--config", os.path.join(ROOT, "examples/local/tiny.yaml"), "--log-dir", tmp]
-        for s in sets:
-            cmd += ["--set", s]
-        t0 = time.time()
-        r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        wall = time.time() - t0
-        sums = []
-        for name in os.listdir(tmp):
-            for line in open(os.path.join(tmp, name)):
-                if line.startswith("@edit-summary "):
-                    sums.append(json.loads(line[len("@edit-summary "):]))
+        r = edit_run.run(a.nproc, sets, quiet=True, config=os.path.join(ROOT, "examples/local/tiny.yaml"), log_dir=tmp,
+                         binary=os.path.join(a.bin_dir, "edit-run"), cwd=ROOT, env=env, timeout=None, merge_output=True)
+        sums = list(logs.summaries(tmp).values())
     if r.returncode != 0 or len(sums) != a.nproc:
         raise RuntimeError(f"edit-run {mode} failed ({r.returncode}):\n{r.stdout[-2000:]}")
-    return dict(tps=sum(s["train_tps"] for s in sums), wall=wall,
+    return dict(tps=sum(s["train_tps"] for s in sums), wall=r.wall,
                 startup=max(s["startup_seconds"] for s in sums),
                 rss=max(s.get("peak_rss_bytes", 0) for s in sums),
                 flops_per_token=sums[0]["flops_per_token"])  # the runtime's own count (model.cpp)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Replica recovery: in place against a gang restart from a checkpoint (issue 7, part 6).
+"""Replica recovery: in place against a gang restart from a checkpoint.
 
 Three runs of the same local EDiT training (edit-run, 2 replicas x 2 shards, the tiny
 preset of examples/local/tiny.yaml), measured in one sitting so the ratios are comparable:
@@ -21,36 +21,14 @@ recovery.json to --out.
 """
 import argparse
 import datetime
-import glob
 import json
 import os
 import shutil
-import subprocess
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def summaries(log_dir):
-    out = {}
-    for f in glob.glob(os.path.join(log_dir, "rank-*.log")):
-        with open(f) as fh:
-            for line in fh:
-                if line.startswith("@edit-summary "):
-                    s = json.loads(line[14:])
-                    out[s["rank"]] = s  # the last incarnation's
-    return out
-
-
-def furthest_step(log_dir):
-    best = 0
-    for f in glob.glob(os.path.join(log_dir, "rank-*.log")):
-        with open(f) as fh:
-            for line in fh:
-                if line.startswith("@edit "):
-                    best = max(best, json.loads(line[6:])["step"])
-    return best
+from common import ROOT
+from edit_testing import edit_run
+from edit_testing.logs import furthest_step, summaries
 
 
 def main():
@@ -62,23 +40,17 @@ def main():
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", datetime.date.today().isoformat()))
     a = ap.parse_args()
-    edit_run = os.path.join(a.bin_dir, "edit-run")
     work = tempfile.mkdtemp(prefix="edit-recovery-bench-")
     os.makedirs(a.out, exist_ok=True)
 
     def run(tag, sets, ckpt):
-        logs = os.path.join(work, "logs-" + tag)
-        cmd = [edit_run, "--nproc", "4", "--shards", "2", "--config", a.config, "--log-dir", logs, "--quiet"]
         base = [f"training.steps={a.steps}", f"checkpoint.dir={ckpt}",
                 f"checkpoint.everySteps={a.checkpoint_every}", "runtime.collectiveTimeoutSeconds=60",
                 "training.logEvery=1"]  # every step logged: the furthest step reached is exact
-        for s in base + sets:
-            cmd += ["--set", s]
-        t0 = time.monotonic()
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        wall = time.monotonic() - t0
-        print(f"[recovery bench] {tag}: exit {p.returncode}, {wall:.1f} s", flush=True)
-        return p, wall, logs
+        p = edit_run.run(4, base + sets, shards=2, config=a.config, log_dir=os.path.join(work, "logs-" + tag),
+                         quiet=True, binary=os.path.join(a.bin_dir, "edit-run"), cwd=ROOT, timeout=None)
+        print(f"[recovery bench] {tag}: exit {p.returncode}, {p.wall:.1f} s", flush=True)
+        return p, p.wall, p.log_dir
 
     kill = ["debug.killAtStep.rank=3", f"debug.killAtStep.step={a.kill_at}"]
     base, w0, logs0 = run("undisturbed", [], os.path.join(work, "ck-undisturbed"))

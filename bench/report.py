@@ -1,23 +1,10 @@
 """The benchmark report: results.md (tables, the targets of issue 6) and the gnuplot PNGs."""
 
-import argparse
-import atexit
-import datetime
-import json
-import math
 import os
-import re
 import shutil
-import signal
-import socket
-import statistics
-import subprocess
-import sys
-import tempfile
-import threading
-import time
 
-from common import *  # noqa: F401,F403  (constants and helpers)
+from common import (LAYOUTS, MODES, SCENARIOS, TINY, blas_env, fmt, log, loss_at, param_count, run_cmd,
+                    unit_sizes)
 
 
 # ----------------------------------------------------------------------------- report

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Goodput under repeated failures: a soak run on the Kubernetes path (issue 19).
+"""Goodput under repeated failures: a soak run on the Kubernetes path.
 
 For each layout (2 replicas x 2 shards, 4 replicas x 1 shard) this runs, on the API
-stand-in with its kubelet and the edit-operator (tests/e2e/harness.py), one after another:
+stand-in with its kubelet and the edit-operator (edit_testing.cluster), one after another:
 
   calibration   a short EDiTJob that measures the step rate, to size the next two jobs
                 so that an undisturbed run lasts about --duration seconds
@@ -44,7 +44,6 @@ only the outcomes (Succeeded, no duplicate pods), never a duration.
 import argparse
 import datetime
 import glob
-import json
 import os
 import random
 import shutil
@@ -53,12 +52,14 @@ import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-sys.path.insert(0, os.path.join(ROOT, "tests", "faults"))
-import harness as h  # noqa: E402
-from fault_case import RecoveryTracker  # noqa: E402  (duplicate-pod invariants)
-from soak_report import KINDS, WORKER_FAULTS, analyse, log, steady_rate, write_plot, write_report  # noqa: E402
+from common import ROOT
+from edit_testing import logs
+from edit_testing.cluster import Cluster, Failure, RecoveryTracker, job_manifest, unique
+from edit_testing.data import make_data
+from edit_testing.net import free_port
+from edit_testing.paths import CRD, OPERATOR, RUNTIME_DIR, find_kubectl
+from edit_testing.unittest_main import SKIP_EXIT
+from soak_report import KINDS, WORKER_FAULTS, analyse, log, steady_rate, write_plot, write_report
 
 LAYOUTS = {"2x2": (2, 2), "4x1": (4, 1)}
 HANG_TIMEOUT = 10
@@ -83,11 +84,6 @@ def tiny_spec(data_dir, steps):
     }
 
 
-def small_spec(data_dir, steps):
-    """The fault suite's job (dim 64, 2 layers, seqLen 32, batch 4, tau 4): the smoke run."""
-    return {"steps": steps, "checkpoint_every": 8, "data_dir": data_dir}
-
-
 class Shape:
     def __init__(self, name, data_dir):
         self.name, self.data_dir = name, data_dir
@@ -95,12 +91,12 @@ class Shape:
             s = tiny_spec(data_dir, 0)
             self.warmup, self.tau, self.every = 30, 16, s["checkpoint_every"]
             self.tokens_per_rank_step = 128 * 8
-        else:
+        else:  # "small": job_manifest's own job, the fault suite's (dim 64, 2 layers, seqLen 32, batch 4)
             self.warmup, self.tau, self.every = 8, 4, 8
             self.tokens_per_rank_step = 32 * 4
 
     def manifest(self, name, ns, ckpt, steps, replicas, shards):
-        m = h.job_manifest(name, ns, self.data_dir, ckpt, h.free_port(), steps=steps, every=self.every,
+        m = job_manifest(name, ns, self.data_dir, ckpt, free_port(), steps=steps, every=self.every,
                            replicas=replicas, shards=shards, backoff=1000, hang=HANG_TIMEOUT,
                            env=[{"name": "EDIT_METRICS_PORT", "value": "-1"}])
         spec = m["spec"]
@@ -152,19 +148,14 @@ class LogTail:
                 self.partial[f] = lines[-1]
             with self.lock:
                 for line in lines[:-1]:
-                    if line.startswith("@edit "):
-                        try:
-                            j = json.loads(line[6:])
-                        except ValueError:
-                            continue
+                    p = logs.parse(line)
+                    if p and p[0] == "progress":
+                        j = p[1]
                         self.rows.append({"t": t, "rank": j["rank"], "uid": uid, "step": j["step"],
                                           "phase": j.get("phase", "")})
-                    elif line.startswith("@edit-summary "):
-                        try:
-                            self.summaries.append(dict(json.loads(line[14:]), t=t, uid=uid))
-                        except ValueError:
-                            pass
-                    elif line.strip():
+                    elif p:
+                        self.summaries.append(dict(p[1], t=t, uid=uid))
+                    elif line.strip() and not line.startswith((logs.PROGRESS, logs.SUMMARY)):  # not one cut short
                         self.lines.append((t, uid, line))
 
     def snapshot(self):
@@ -253,7 +244,7 @@ class Job:
         deadline = time.monotonic() + timeout
         while not self.finished():
             if time.monotonic() > deadline:
-                raise h.Failure("job %s did not finish within %d s\n%s" % (self.name, timeout, self.c.diagnostics()))
+                raise Failure("job %s did not finish within %d s\n%s" % (self.name, timeout, self.c.diagnostics()))
             time.sleep(0.5)
         self.end()
 
@@ -437,12 +428,12 @@ def run_soak(job, shape, every, jitter, duration, rng, kinds):
 def run_layout(a, layout, rng, data_dir, out):
     replicas, shards = LAYOUTS[layout]
     shape = Shape(a.model, data_dir)
-    c = h.Cluster(prefix="edit-soak-")
+    c = Cluster(prefix="edit-soak-")
     try:
         c.start_standin()
-        c.kubectl("apply", "-f", h.CRD)
+        c.kubectl("apply", "-f", CRD)
         c.kubectl("wait", "--for=condition=Established", "crd/editjobs.edit.io", "--timeout=30s")
-        ns = h.unique("soak")
+        ns = unique("soak")
         c.create_namespace(ns)
         c.start_operator([ns])
         steps = a.steps
@@ -455,7 +446,7 @@ def run_layout(a, layout, rng, data_dir, out):
             cal.wait(900)
             rate = cal.step_rate(shape.warmup + shape.tau, cal_steps - 1)
             if not rate:
-                raise h.Failure("calibration: no step rate\n" + c.diagnostics())
+                raise Failure("calibration: no step rate\n" + c.diagnostics())
             steps = max(shape.warmup + 6 * shape.tau, int(rate * a.duration))
             log("%s: %.2f steps/s -> %d steps for %d s" % (layout, rate, steps, a.duration))
         base = Job(c, ns, "base-" + layout.replace("x", "by"), shape, steps, replicas, shards)
@@ -516,13 +507,13 @@ def main():
             a.layouts = "2x2"
     if a.seed is None:
         a.seed = random.randrange(1 << 30)
-    if not h.find_kubectl():
+    if not find_kubectl():
         print("soak: no kubectl; skipped")
-        sys.exit(h.SKIP_EXIT)
-    for binary in (h.OPERATOR, os.path.join(h.RUNTIME_DIR, "edit-train")):
+        sys.exit(SKIP_EXIT)
+    for binary in (OPERATOR, os.path.join(RUNTIME_DIR, "edit-train")):
         if not os.access(binary, os.X_OK):
             print("soak: %s not built; skipped" % binary)
-            sys.exit(h.SKIP_EXIT)
+            sys.exit(SKIP_EXIT)
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
     log("seed %d, layouts %s, %d s of faults each, out %s" % (a.seed, a.layouts, a.duration, a.out))
@@ -531,7 +522,7 @@ def main():
     if a.model == "small":
         tmp_data = os.path.join(a.out, "smoke-data")
         os.makedirs(tmp_data, exist_ok=True)
-        h.make_data(tmp_data)
+        make_data(tmp_data)
         data_dir = tmp_data
     elif not os.path.exists(os.path.join(data_dir, "train.bin")):
         print("soak: %s/train.bin missing (scripts/prepare-data.sh)" % data_dir)

@@ -26,9 +26,8 @@ import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import run as sweep  # noqa: E402  (launch, analyze, the base configuration)
-from common import LAYOUTS, ROOT, TINY, blas_coretype, flops_per_token, log  # noqa: E402
+from common import LAYOUTS, ROOT, TINY, blas_coretype, flops_per_token, log
+from workers import analyze, launch, snapshot_binary, stop_live, write_base_config
 
 TARGET = 0.90  # issue 13: A-EDiT keeps >= 90% of its no-straggler tokens/s
 
@@ -68,9 +67,9 @@ def main(argv):
         log("data/brown missing: run scripts/prepare-data.sh (make data) first")
         return 2
     tmp = tempfile.mkdtemp(prefix="edit-straggler-")
-    atexit.register(sweep.stop_live)
-    sweep.write_base_config(a, tmp)
-    if not sweep.snapshot_binary(a, tmp):
+    atexit.register(stop_live)
+    write_base_config(a, tmp)
+    if not snapshot_binary(a, tmp):
         return 2
     fpt = flops_per_token(TINY, a.seq)
     count = [0]
@@ -79,8 +78,8 @@ def main(argv):
     def one(layout, mode, sets):
         count[0] += 1
         run_id = f"{layout}-{mode}-{count[0]}"
-        workers, wall = sweep.launch(a, tmp, run_id, layout, [f"algorithm.mode={mode}"] + sets, timeout=1200)
-        r = sweep.analyze(workers, wall, layout, dict(mode=mode, warmup=a.warmup, tokens_per_step=a.batch * a.seq), fpt)
+        workers, wall = launch(a, tmp, run_id, layout, [f"algorithm.mode={mode}"] + sets, timeout=1200)
+        r = analyze(workers, wall, layout, dict(mode=mode, warmup=a.warmup, tokens_per_step=a.batch * a.seq), fpt)
         if not r["ok"]:
             raise RuntimeError(f"run {run_id} failed (exit codes {r['rc']}); logs in {tmp}")
         M, N = LAYOUTS[layout]

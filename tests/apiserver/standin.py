@@ -13,14 +13,13 @@ import signal
 import sys
 import threading
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import admission  # noqa: E402
-import auth as authmod  # noqa: E402
-import garbage  # noqa: E402
-import http_api  # noqa: E402
-import registry as registrymod  # noqa: E402
-import store as storemod  # noqa: E402
+# Its own modules come from beside it: a script's folder is first on sys.path.
+import admission
+import auth as authmod
+import garbage
+import http_api
+import registry as registrymod
+import store as storemod
 
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 

@@ -4,18 +4,16 @@ Debian base that scripts/build-images.sh makes (localhost/debian:bookworm, overr
 STANDIN_TEST_IMAGE); every test skips (exit 77) when buildah or that image is missing,
 or when not root.
 
-Run:  python3 tests/apiserver/test_kubelet_images.py -v
+Run:  PYTHONPATH=tests/pylib python3 tests/apiserver/test_kubelet_images.py -v
 """
 import json
 import os
 import shutil
-import sys
 import tempfile
 import unittest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from images import local_image_id as image_id  # noqa: E402
-from standin_fixture import StandInCase  # noqa: E402
+from images import local_image_id as image_id
+from standin_fixture import StandInCase
 
 PODS = "/api/v1/namespaces/default/pods"
 IMAGE = os.environ.get("STANDIN_TEST_IMAGE", "localhost/debian:bookworm")
@@ -144,6 +142,5 @@ class ImageKubeletTest(StandInCase):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from unittest_main import main  # exits 77 (ctest: skipped) when every test skipped
+    from edit_testing.unittest_main import main  # exits 77 (ctest: skipped) when every test skipped
     main()

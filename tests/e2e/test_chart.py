@@ -23,7 +23,7 @@ readinessProbe.
   ChartOperator.test_rbac_rules_all_used   the lifecycle under RBAC: no 403, and every
                                            rendered rule used by some request
 
-Run one:  python3 tests/e2e/test_chart.py -v ChartOperator.test_rolling_update
+Run one:  PYTHONPATH=tests/pylib python3 tests/e2e/test_chart.py -v ChartOperator.test_rolling_update
 """
 import calendar
 import json
@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
@@ -39,23 +38,26 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness as h  # noqa: E402
+from edit_testing.cluster import GROUP, Cluster, Failure, job_manifest, unique
+from edit_testing.data import make_data
+from edit_testing.net import free_port
+from edit_testing.paths import CRD, OPERATOR, ROOT, RUNTIME_DIR, find_kubectl
+from edit_testing.unittest_main import main
 
-CHART = os.path.join(h.ROOT, "charts", "edit-operator")
+CHART = os.path.join(ROOT, "charts", "edit-operator")
 RELEASE, RELEASE_NS = "t", "edit-system"
 # The operator pods' credentials: a Secret the test makes, mounted where a token would be.
 KUBECONFIG_SECRET, KUBECONFIG_MOUNT = "t-test-kubeconfig", "/var/run/secrets/edit-test"
 # The label the leader puts on its own pod, as the operator's code names it.
 LEADER_LABEL = re.search(r'kLeaderLabel = "([^"]+)"', open(os.path.join(
-    h.ROOT, "operator", "src", "leader", "lease.h")).read()).group(1)
+    ROOT, "operator", "src", "leader", "lease.h")).read()).group(1)
 ADDR_FLAGS = {"--metrics-addr": "metrics", "--health-addr": "health", "--grpc-addr": "telemetry"}
-GANG_CRDS = os.path.join(h.HERE, "podgroup-crds.yaml")
+GANG_CRDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "podgroup-crds.yaml")
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def find_helm():
-    for cand in (os.environ.get("HELM"), os.path.join(h.ROOT, ".tools", "bin", "helm"), shutil.which("helm")):
+    for cand in (os.environ.get("HELM"), os.path.join(ROOT, ".tools", "bin", "helm"), shutil.which("helm")):
         if cand and os.access(cand, os.X_OK):
             return cand
     return None
@@ -78,12 +80,12 @@ def render(*sets, free_ports=True):
     import yaml
     cmd = [find_helm(), "template", RELEASE, CHART, "--namespace", RELEASE_NS]
     if free_ports:
-        cmd += ["--set", ",".join("ports.%s=%d" % (role, h.free_port()) for role in ADDR_FLAGS.values())]
+        cmd += ["--set", ",".join("ports.%s=%d" % (role, free_port()) for role in ADDR_FLAGS.values())]
     for s in sets:
         cmd += ["--set", s]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        raise h.Failure("helm template failed: " + res.stderr)
+        raise Failure("helm template failed: " + res.stderr)
     return [d for d in yaml.safe_load_all(res.stdout) if d]
 
 
@@ -101,9 +103,9 @@ def port_form(args):
 class ChartOperator(unittest.TestCase):
     def setUp(self):
         missing = [what for what, ok in (
-            ("helm (scripts/install-deps.sh)", find_helm()), ("kubectl", h.find_kubectl()),
-            ("edit-operator (%s)" % h.OPERATOR, os.access(h.OPERATOR, os.X_OK)),
-            ("edit-train", os.access(os.path.join(h.RUNTIME_DIR, "edit-train"), os.X_OK))) if not ok]
+            ("helm (scripts/install-deps.sh)", find_helm()), ("kubectl", find_kubectl()),
+            ("edit-operator (%s)" % OPERATOR, os.access(OPERATOR, os.X_OK)),
+            ("edit-train", os.access(os.path.join(RUNTIME_DIR, "edit-train"), os.X_OK))) if not ok]
         try:
             import yaml  # noqa: F401
         except ImportError:
@@ -113,11 +115,11 @@ class ChartOperator(unittest.TestCase):
         # Under the system's temporary folder on purpose: the rendered pod mounts an
         # emptyDir at /tmp, and nothing the pod is given may be a host path that the
         # stand-in's kubelet would take for one inside that volume.
-        self.c = h.Cluster(prefix="edit-chart-", tmp_dir=tempfile.gettempdir(),
-                           path_prepend=[os.path.dirname(h.OPERATOR)])
+        self.c = Cluster(prefix="edit-chart-", tmp_dir=tempfile.gettempdir(),
+                           path_prepend=[os.path.dirname(OPERATOR)])
         self.addCleanup(self.c.close)
         self.c.start_standin()
-        self.c.kubectl("apply", "-f", h.CRD)
+        self.c.kubectl("apply", "-f", CRD)
         self.c.kubectl("wait", "--for=condition=Established", "crd/editjobs.edit.io", "--timeout=30s")
         self.pods = {}          # operator pod name -> its ports
         self.serial = 0
@@ -155,7 +157,7 @@ class ChartOperator(unittest.TestCase):
         tmpl = json.loads(json.dumps(self.deployment["spec"]["template"]))
         self.serial += 1
         name = "%s-edit-operator-rev%s-%d" % (RELEASE, revision, self.serial)
-        ports = {role: h.free_port() for role in ADDR_FLAGS.values()}
+        ports = {role: free_port() for role in ADDR_FLAGS.values()}
         c = tmpl["spec"]["containers"][0]
         c["command"] = ["edit-operator"]           # the image's ENTRYPOINT
         args = []
@@ -241,7 +243,7 @@ class ChartOperator(unittest.TestCase):
         for f in sorted(os.listdir(os.path.join(self.c.tmp, "kubelet", "pods"))):
             if f.startswith(RELEASE_NS + "_"):
                 path = os.path.join(self.c.tmp, "kubelet", "pods", f, "operator.log")
-                out.append("---- %s ----\n%s" % (f, h.Cluster.tail(path, 3000)))
+                out.append("---- %s ----\n%s" % (f, Cluster.tail(path, 3000)))
         return "\n".join(out)
 
     def audit(self):
@@ -258,8 +260,8 @@ class ChartOperator(unittest.TestCase):
         data = os.path.join(self.c.tmp, "data")
         if not os.path.isdir(data):
             os.makedirs(data)
-            h.make_data(data)
-        manifest = h.job_manifest(name, ns, data, os.path.join(self.c.tmp, "ckpt-" + name), h.free_port(),
+            make_data(data)
+        manifest = job_manifest(name, ns, data, os.path.join(self.c.tmp, "ckpt-" + name), free_port(),
                                   steps=steps, every=max(10, steps // 4), debug=debug)
         manifest["spec"]["training"]["logEvery"] = 5
         self.c.apply(manifest)
@@ -281,7 +283,7 @@ class ChartOperator(unittest.TestCase):
             self.assertEqual((code, body.strip()), (200, want), path)
         self.assertEqual(self.wait_single_leader([op]), op)
 
-        ns = h.unique("chart")
+        ns = unique("chart")
         self.c.create_namespace(ns)
         self.c.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
         self.training_job(ns, steps=40)
@@ -300,7 +302,7 @@ class ChartOperator(unittest.TestCase):
         """namespaces=[ns]: the ClusterRole is bound by a RoleBinding in that namespace only;
         the operator watches it alone, runs a job there without a refused request, and
         a job elsewhere stays untouched."""
-        ns, other = h.unique("nsd"), h.unique("other")
+        ns, other = unique("nsd"), unique("other")
         for n in (ns, other):
             self.c.create_namespace(n)
         self.install(render("namespaces={%s}" % ns), "namespaces={%s}" % ns)
@@ -327,7 +329,7 @@ class ChartOperator(unittest.TestCase):
         a, b = self.start_operator_pod(), self.start_operator_pod()
         self.wait_ready(a, b)             # the follower too: readiness is not leadership
         first = self.wait_single_leader([a, b])
-        ns = h.unique("roll")
+        ns = unique("roll")
         self.c.create_namespace(ns)
         # Paced (rank 0 sleeps 0.3 s a step, and the others wait for it at each sync) so
         # that the job outlives the hand-over however fast the runtime or slow the machine:
@@ -384,7 +386,7 @@ class ChartOperator(unittest.TestCase):
         a, b = self.start_operator_pod(), self.start_operator_pod()
         self.wait_ready(a, b)
         self.wait_single_leader([a, b])
-        ns = h.unique("rbac")
+        ns = unique("rbac")
         self.c.create_namespace(ns)
         self.c.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
 
@@ -450,7 +452,7 @@ class ChartOperator(unittest.TestCase):
             self.c.wait_for(lambda: len(self.c.pods(ns, job)) == 2, 60, "2 pods of %s" % job)
         # TTL: a finished job deletes itself.
         shell_job("short", "exit 0", replicas=1, runPolicy={"ttlSecondsAfterFinished": 1})
-        self.c.wait_for(lambda: self.c.api("GET", "%s/namespaces/%s/editjobs/short" % (h.GROUP, ns))[0] == 404,
+        self.c.wait_for(lambda: self.c.api("GET", "%s/namespaces/%s/editjobs/short" % (GROUP, ns))[0] == 404,
                         90, "job short deleted after its TTL")
         self.delete_pod(a if self.leaders() == [a] else b)   # a clean hand-over: the Lease and the label move
         self.c.wait_for(lambda: len(self.leaders()) == 1, 60, "a new leader")
@@ -478,4 +480,4 @@ class ChartOperator(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    h.main()
+    main()

@@ -4,7 +4,7 @@ Failed condition; export; invalid manifests rejected by kubectl apply; spec chan
 cluster examples. A real Prometheus: test_prometheus.py; the runtime image:
 test_image_runtime.py.
 
-Run one case:  python3 tests/e2e/test_e2e.py -v KubectlFlow.test_job_succeeds
+Run one case:  PYTHONPATH=tests/pylib python3 tests/e2e/test_e2e.py -v KubectlFlow.test_job_succeeds
 (EDIT_BUILD_DIR selects the build; EDIT_KEEP_TMP=1 keeps the temp dirs for a look.)
 """
 import glob
@@ -12,14 +12,14 @@ import json
 import math
 import os
 import re
-import sys
 import time
 
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness as h  # noqa: E402
-from e2e_case import HERE, Base  # noqa: E402
+from e2e_case import HERE, Base
+from edit_testing.cluster import unique
+from edit_testing.paths import ROOT
+from edit_testing.unittest_main import main
 
 
 class KubectlFlow(Base):
@@ -202,7 +202,7 @@ class InvalidManifests(Base):
     CRD's schema (served by the stand-in) rejects them."""
 
     def test_invalid_manifests_rejected(self):
-        ns = h.unique("e2e-bad")
+        ns = unique("e2e-bad")
         self.c.create_namespace(ns)
         files = sorted(glob.glob(os.path.join(HERE, "invalid", "*.yaml")))
         self.assertGreaterEqual(len(files), 10)
@@ -228,7 +228,7 @@ class SpecChanges(Base):
     accepted and acted on, and status.observedGeneration then says so."""
 
     def test_immutable_fields_rejected_runpolicy_accepted(self):
-        ns = h.unique("e2e-spec")
+        ns = unique("e2e-spec")
         self.c.create_namespace(ns)
         self.c.start_operator([ns])
         job = {"apiVersion": "edit.io/v1alpha1", "kind": "EDiTJob", "metadata": {"name": "fixed", "namespace": ns},
@@ -281,9 +281,9 @@ class ClusterExamples(Base):
     (The stand-in provisions no volumes and runs no Job controller, so nothing trains.)"""
 
     def test_examples_apply_and_mount_the_claims(self):
-        ns = h.unique("e2e-ex")
+        ns = unique("e2e-ex")
         self.c.create_namespace(ns)
-        ex = os.path.join(h.ROOT, "examples", "cluster")
+        ex = os.path.join(ROOT, "examples", "cluster")
         res = self.c.kubectl("apply", "--dry-run=server", "-n", ns, "-f", ex)
         for f in ("persistentvolumeclaim/edit-data", "persistentvolumeclaim/edit-checkpoints",
                   "job.batch/edit-prepare-data", "editjob.edit.io/tiny-aedit", "editjob.edit.io/llama-350m-gpu"):
@@ -308,4 +308,4 @@ class ClusterExamples(Base):
 
 
 if __name__ == "__main__":
-    h.main()
+    main()

@@ -2,20 +2,21 @@
 localhost/edit-runtime image (the stand-in kubelet's image mode). ctest label image
 (`make images`); skipped when the image is not built.
 
-Run:  python3 tests/e2e/test_image_runtime.py -v
+Run:  PYTHONPATH=tests/pylib python3 tests/e2e/test_image_runtime.py -v
 """
-import json
 import os
 import re
-import sys
 import time
 import unittest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness as h  # noqa: E402
-
-sys.path.insert(0, os.path.join(h.ROOT, "tests", "apiserver"))
-from images import local_image_id  # noqa: E402
+from edit_testing import logs as edit_logs
+from edit_testing.ckpt import checkpoints
+from edit_testing.cluster import Cluster, job_manifest, local_image_id, unique
+from edit_testing.cpu import openblas_coretype
+from edit_testing.data import make_data
+from edit_testing.net import free_port
+from edit_testing.paths import CRD, EDIT_DATA, OPERATOR, find_kubectl
+from edit_testing.unittest_main import main
 
 
 RUNTIME_IMAGE = os.environ.get("EDIT_RUNTIME_IMAGE", "localhost/edit-runtime:latest")
@@ -36,27 +37,27 @@ class ImageRuntime(unittest.TestCase):
         image_id = local_image_id(RUNTIME_IMAGE)
         if not image_id:
             self.skipTest("image %s is not built (scripts/build-images.sh, or make images)" % RUNTIME_IMAGE)
-        if not h.find_kubectl():
+        if not find_kubectl():
             self.skipTest("no kubectl (.tools/bin/kubectl; run scripts/install-deps.sh)")
-        for binary in (h.OPERATOR, h.EDIT_DATA):
+        for binary in (OPERATOR, EDIT_DATA):
             if not os.access(binary, os.X_OK):
                 self.skipTest("%s not built" % binary)
         # The host's edit-train must not be what runs: no --path-prepend of the build.
-        self.c = h.Cluster(prefix="edit-e2e-img-", images=True)
+        self.c = Cluster(prefix="edit-e2e-img-", images=True)
         self.c.path_prepend = []
         self.addCleanup(self.c.close)
         self.c.start_standin()
-        self.c.kubectl("apply", "-f", h.CRD)
+        self.c.kubectl("apply", "-f", CRD)
         self.c.kubectl("wait", "--for=condition=Established", "crd/editjobs.edit.io", "--timeout=30s")
-        ns, name = h.unique("e2e-img"), "tiny"
+        ns, name = unique("e2e-img"), "tiny"
         self.c.create_namespace(ns)
         self.c.start_operator([ns])
         data, ckpt = os.path.join(self.c.tmp, "data"), os.path.join(self.c.tmp, "ckpt")
         os.makedirs(data)
         os.makedirs(ckpt)
         os.chmod(ckpt, 0o777)                 # the image's user (65532) writes checkpoints
-        h.make_data(data)
-        job = h.job_manifest(name, ns, "/data", "/checkpoints/" + name, h.free_port(), steps=STEPS, every=20)
+        make_data(data)
+        job = job_manifest(name, ns, "/data", "/checkpoints/" + name, free_port(), steps=STEPS, every=20)
         job["spec"]["image"] = RUNTIME_IMAGE
         job["spec"]["volumes"] = [{"name": "data", "hostPath": {"path": data}},
                                   {"name": "ckpt", "hostPath": {"path": ckpt}}]
@@ -101,25 +102,23 @@ class ImageRuntime(unittest.TestCase):
         # kubectl logs: the worker's own output, from inside the image.
         logs = self.c.kubectl("logs", "%s-worker-0" % name, "-n", ns).stdout
         # edit-train started alone (as in a pod) picks OpenBLAS's kernels for this CPU itself.
-        sys.path.insert(0, os.path.join(h.ROOT, "tests", "images"))
-        from test_images import expected_coretype
         kernels = re.findall(r"OpenBLAS kernels: (\S+)", logs)
         self.assertTrue(kernels, logs[-2000:])
-        if expected_coretype():
-            self.assertEqual({k.lower() for k in kernels}, {expected_coretype().lower()}, kernels)
-        self.assertIn("@edit-summary ", logs)
-        rows = [json.loads(l[6:]) for l in logs.splitlines() if l.startswith("@edit ")]
+        if openblas_coretype():
+            self.assertEqual({k.lower() for k in kernels}, {openblas_coretype().lower()}, kernels)
+        rows, summaries = edit_logs.read_text(logs)
+        self.assertTrue(summaries, logs[-2000:])
         self.assertEqual(rows[-1]["step"], STEPS, rows[-1:])
         self.assertIn("checkpoint /checkpoints/tiny/step-%08d saved" % STEPS, logs)
         # The checkpoints the image's user wrote through the volume.
-        done = h.checkpoints(os.path.join(ckpt, name))
+        done = checkpoints(os.path.join(ckpt, name))
         self.assertEqual([s for s, _ in done][-1:], [STEPS], done)
         self.assertEqual(os.stat(done[-1][1]).st_uid, 65532)
-        summary = json.loads([l for l in logs.splitlines() if l.startswith("@edit-summary ")][0][14:])
+        summary = summaries[0]
         print("job in %s succeeded in %.1f s: 4 pods (2x2), %d steps, worker-0 validation loss %.4f, "
               "OpenBLAS kernels %s, checked %d live worker processes" % (
                   RUNTIME_IMAGE, time.monotonic() - t0, STEPS, summary["val_loss"], kernels[0], checked))
 
 
 if __name__ == "__main__":
-    h.main()
+    main()

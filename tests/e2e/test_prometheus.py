@@ -2,7 +2,7 @@
 (real kubectl, the API stand-in, edit-operator, edit-train pods), and every dashboard
 query and alert rule expression is evaluated against what it scraped.
 
-Run:  python3 tests/e2e/test_prometheus.py -v
+Run:  PYTHONPATH=tests/pylib python3 tests/e2e/test_prometheus.py -v
 """
 import glob
 import json
@@ -11,16 +11,44 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness as h  # noqa: E402
-from e2e_case import Base  # noqa: E402
+from e2e_case import Base
+from edit_testing.net import free_port
+from edit_testing.paths import ROOT
+from edit_testing.unittest_main import main
 
 PROMETHEUS = os.environ.get("PROMETHEUS", shutil.which("prometheus") or "/usr/bin/prometheus")
+
+
+def yaml_exprs(path):
+    """(alert or record name, expr) of a Prometheus rules file; a small reader for the
+    two forms used there (`expr: one line` and `expr: |` blocks), standard library only."""
+    out, name = [], None
+    with open(path) as f:
+        lines = f.read().splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        s = line.strip()
+        if s.startswith("- alert:") or s.startswith("- record:"):
+            name = s.split(":", 1)[1].strip()
+        elif s.startswith("expr:"):
+            rest = s[5:].strip()
+            if rest in ("|", ">", "|-", ">-"):
+                indent = len(line) - len(line.lstrip())
+                block = []
+                i += 1
+                while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent):
+                    block.append(lines[i].strip())
+                    i += 1
+                out.append((name, " ".join(b for b in block if b)))
+                continue
+            out.append((name, rest.strip("'\"")))
+        i += 1
+    return out
 
 
 class PrometheusScrape(Base):
@@ -56,7 +84,7 @@ class PrometheusScrape(Base):
         cfg_path = os.path.join(d, "prometheus.yml")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)  # JSON is YAML
-        self.prom_port = h.free_port()
+        self.prom_port = free_port()
         self.prom_log = open(os.path.join(d, "prometheus.log"), "wb")
         self.prom = subprocess.Popen(
             [PROMETHEUS, "--config.file", cfg_path, "--storage.tsdb.path", os.path.join(d, "tsdb"),
@@ -138,7 +166,7 @@ class PrometheusScrape(Base):
             return r["data"]["result"]
 
         empty, checked = [], 0
-        for path in sorted(glob.glob(os.path.join(h.ROOT, "dashboards", "*.json"))):
+        for path in sorted(glob.glob(os.path.join(ROOT, "dashboards", "*.json"))):
             with open(path) as fh:
                 dash = json.load(fh)
             for var in dash.get("templating", {}).get("list", []):
@@ -172,7 +200,7 @@ class PrometheusScrape(Base):
                         where = "%s / %s: %s" % (os.path.basename(path), p.get("title"), expr)
                         empty.append(where)
 
-        rules = h.yaml_exprs(os.path.join(h.ROOT, "deploy", "prometheus", "edit-alerts.rules.yaml"))
+        rules = yaml_exprs(os.path.join(ROOT, "deploy", "prometheus", "edit-alerts.rules.yaml"))
         self.assertGreaterEqual(len(rules), 5)
         alert_results = {}
         for name, expr in rules:
@@ -188,4 +216,4 @@ class PrometheusScrape(Base):
 
 
 if __name__ == "__main__":
-    h.main()
+    main()

@@ -4,17 +4,19 @@ checkpoint read), a new pod that dies during the join leaves the job at its old 
 a scale of a suspended job applies when it resumes (from a checkpoint written with the
 old size).
 
-Run one case:  python3 tests/e2e/test_scale.py -v Scale.test_up_and_down_in_place
+Run one case:  PYTHONPATH=tests/pylib python3 tests/e2e/test_scale.py -v Scale.test_up_and_down_in_place
 """
 import glob
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness as h  # noqa: E402
-from e2e_case import Base  # noqa: E402
+from e2e_case import Base
+from edit_testing.ckpt import checkpoints
+from edit_testing.cluster import PodTracker, job_manifest, unique
+from edit_testing.data import make_data
+from edit_testing.net import free_port
+from edit_testing.unittest_main import main
 
 # Long enough that both scales happen mid-run on 2 shared cores; rank 0 is slowed down a
 # little (every replica waits for it at the sync rounds) so that the run's length does not
@@ -25,17 +27,17 @@ DELAY = {"injectStepDelay": {"rank": 0, "seconds": 0.06}}
 
 class Scale(Base):
     def start(self, steps=STEPS, env=None, every=1000):
-        self.ns = h.unique("scale")
+        self.ns = unique("scale")
         self.name = "el"
         self.c.create_namespace(self.ns)
         self.c.start_operator([self.ns])
         data = os.path.join(self.c.tmp, "data")
         os.makedirs(data)
-        h.make_data(data)
+        make_data(data)
         self.ckpt = os.path.join(self.c.tmp, "ckpt")
-        m = h.job_manifest(self.name, self.ns, data, self.ckpt, h.free_port(), steps=steps, every=every,
+        m = job_manifest(self.name, self.ns, data, self.ckpt, free_port(), steps=steps, every=every,
                            replicas=2, shards=1, debug=DELAY, env=env)
-        self.tracker = h.PodTracker(self.c, self.ns, self.name)
+        self.tracker = PodTracker(self.c, self.ns, self.name)
         self.c.apply(m)
         self.c.wait_phase(self.ns, self.name, "Running", 120)
         self.c.wait_step(self.ns, self.name, 12, 120)  # past the synchronous warm-up
@@ -160,7 +162,7 @@ class Scale(Base):
 
     def test_suspended_job_takes_the_new_size_on_resume(self):
         self.start(every=10)
-        self.c.wait_for(lambda: h.checkpoints(self.ckpt), 120, "a checkpoint")
+        self.c.wait_for(lambda: checkpoints(self.ckpt), 120, "a checkpoint")
         self.c.kubectl("patch", "ej", self.name, "-n", self.ns, "--type=merge", "-p",
                        '{"spec":{"runPolicy":{"suspend":true}}}')
         self.c.wait_phase(self.ns, self.name, "Suspended", 120)
@@ -182,4 +184,4 @@ class Scale(Base):
 
 
 if __name__ == "__main__":
-    h.main()
+    main()

@@ -5,7 +5,7 @@ Every test ends with the job Succeeded and checks: no duplicate pods (never two 
 generations, never more than M*N pods, no rank of a generation created twice - except the
 replacements of an in-place recovery, pods with EDIT_JOIN=1); the final checkpoint at the
 last step with finite outer weights and parameters (read by the independent reader
-tests/runtime/integration/ckpt.py); at most one checkpoint interval redone per gang
+edit_testing.ckpt); at most one checkpoint interval redone per gang
 restart (plus up to one sync interval, see redo_bound), at most one sync interval (+1)
 per in-place recovery (every replica continues from the last synchronization); the final
 validation loss within LOSS_TOLERANCE of an undisturbed run of the same config (edit-run,
@@ -23,16 +23,16 @@ import glob
 import hashlib
 import json
 import os
-import re
-import subprocess
-import sys
 import threading
 import time
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
-import harness as h  # noqa: E402
+from edit_testing import edit_run, logs
+from edit_testing.ckpt import checkpoints, outer_weights_finite
+from edit_testing.cluster import Cluster, RecoveryTracker, job_manifest, unique
+from edit_testing.data import make_data
+from edit_testing.net import free_port
+from edit_testing.paths import BUILD, CRD, OPERATOR, find_kubectl
 
 STEPS, EVERY, SYNC = 64, 8, 4
 WORLD = 4
@@ -71,7 +71,7 @@ def baseline_loss(config_text, tmp):
     per config in the build dir, under a lock (fault tests may run in parallel)."""
     # runtime.recovery changes nothing in an undisturbed run: one baseline for both policies.
     config_text = strip_section(strip_section(config_text, "debug"), "runtime")
-    cache_dir = os.path.join(h.BUILD, "tests", "faults")
+    cache_dir = os.path.join(BUILD, "tests", "faults")
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, "baseline-%s.json" % config_key(config_text, tmp))
     with open(path + ".lock", "w") as lock:
@@ -84,71 +84,15 @@ def baseline_loss(config_text, tmp):
         cfg = os.path.join(d, "config.yaml")
         with open(cfg, "w") as f:
             f.write(config_text)
-        p = subprocess.run([os.path.join(h.RUNTIME_DIR, "edit-run"), "--nproc", "4", "--shards", "2",
-                            "--config", cfg, "--log-dir", os.path.join(d, "logs"),
-                            "--set", "checkpoint.dir=" + os.path.join(d, "ckpt"),
-                            "--set", "runtime.threads=1"],
-                           capture_output=True, text=True, timeout=600)
+        p = edit_run.run(4, ["checkpoint.dir=" + os.path.join(d, "ckpt"), "runtime.threads=1"], shards=2,
+                         config=cfg, log_dir=os.path.join(d, "logs"))
         if p.returncode != 0:
             raise AssertionError("baseline edit-run failed:\n" + p.stdout[-2000:] + p.stderr[-2000:])
-        s = None
-        for line in open(os.path.join(d, "logs", "rank-0.log")):
-            if line.startswith("@edit-summary "):
-                s = json.loads(line[14:])
+        s = logs.summaries(p.log_dir)[0]
         with open(path + ".tmp", "w") as f:
             json.dump(s, f)
         os.rename(path + ".tmp", path)
         return s["val_loss"]
-
-
-def has_join_env(pod):
-    for c in pod.get("spec", {}).get("containers", []):
-        for e in c.get("env", []):
-            if e.get("name") == "EDIT_JOIN" and e.get("value") == "1":
-                return True
-    return False
-
-
-class RecoveryTracker(h.PodTracker):
-    """The harness's PodTracker, also noting which pods were created to join a running job
-    (EDIT_JOIN=1): a recovered rank has two incarnations in one generation, and only a
-    replacement may be the second."""
-
-    def __init__(self, cluster, ns, job):
-        self.joining = set()  # uids
-        tracker = self
-
-        class Spy:  # passes everything to the cluster; notes the joiners in each pod list
-            def __getattr__(self, name):
-                return getattr(cluster, name)
-
-            def pods(self, ns_, job_):
-                items = cluster.pods(ns_, job_)
-                tracker.joining.update(p["metadata"]["uid"] for p in items if has_join_env(p))
-                return items
-        super().__init__(Spy(), ns, job)
-
-    def incarnations(self, rank, gen):
-        """uids of (rank, generation) in the order they were first seen."""
-        return [uid for uid, (_, r, g) in self.uids.items() if r == rank and g == gen]
-
-    def recovered_ranks(self):
-        return sorted({r for uid, (_, r, _) in self.uids.items() if uid in self.joining})
-
-    def problems(self, world):
-        out = []
-        for p in super().problems(world):
-            m = re.match(r"rank (\d+) generation (\d+) created \d+ times", p)
-            if m:
-                uids = self.incarnations(int(m.group(1)), int(m.group(2)))
-                if uids[0] not in self.joining and all(u in self.joining for u in uids[1:]):
-                    continue  # the failed pod, then its replacement(s)
-            out.append(p)
-        for uid in self.joining:
-            name, rank, gen = self.uids[uid]
-            if self.incarnations(rank, gen)[0] == uid:
-                out.append("%s (rank %d generation %d) joined without replacing a failed pod" % (name, rank, gen))
-        return out
 
 
 class RecoveryClock:
@@ -168,10 +112,9 @@ class RecoveryClock:
         while not self.done.is_set():
             for f in set(glob.glob(self.pattern)) - self.before:
                 try:
-                    with open(f, errors="replace") as fh:
-                        if any(line.startswith("@edit ") for line in fh):
-                            self.t_first = time.monotonic()
-                            return
+                    if logs.read(f)[0]:
+                        self.t_first = time.monotonic()
+                        return
                 except OSError:
                     pass
             self.done.wait(0.1)
@@ -187,22 +130,22 @@ class FaultCase(unittest.TestCase):
     makes the common checks. The cases are in test_*_faults.py."""
 
     def setUp(self):
-        if not h.find_kubectl():
+        if not find_kubectl():
             self.skipTest("no kubectl")
-        if not os.access(h.OPERATOR, os.X_OK):
-            self.skipTest("edit-operator not built: %s" % h.OPERATOR)
-        self.c = h.Cluster(prefix="edit-fault-")
+        if not os.access(OPERATOR, os.X_OK):
+            self.skipTest("edit-operator not built: %s" % OPERATOR)
+        self.c = Cluster(prefix="edit-fault-")
         self.addCleanup(self.c.close)
         self.c.start_standin()
-        self.c.kubectl("apply", "-f", h.CRD)
+        self.c.kubectl("apply", "-f", CRD)
         self.c.kubectl("wait", "--for=condition=Established", "crd/editjobs.edit.io", "--timeout=30s")
-        self.ns = h.unique("fault")
+        self.ns = unique("fault")
         self.name = "ft"
         self.c.create_namespace(self.ns)
         self.c.start_operator([self.ns])
         self.data = os.path.join(self.c.tmp, "data")
         os.makedirs(self.data)
-        h.make_data(self.data)
+        make_data(self.data)
         self.ckpt = os.path.join(self.c.tmp, "ckpt")
         self.t0 = time.monotonic()
         self.clock = None
@@ -212,7 +155,7 @@ class FaultCase(unittest.TestCase):
     def start(self, replica_recovery=None, **kw):
         kw.setdefault("steps", STEPS)
         kw.setdefault("every", EVERY)
-        m = h.job_manifest(self.name, self.ns, self.data, self.ckpt, h.free_port(), **kw)
+        m = job_manifest(self.name, self.ns, self.data, self.ckpt, free_port(), **kw)
         if replica_recovery:
             m["spec"]["runPolicy"]["replicaRecovery"] = replica_recovery
         self.tracker = RecoveryTracker(self.c, self.ns, self.name)
@@ -236,7 +179,7 @@ class FaultCase(unittest.TestCase):
         return self.c.wait_step(self.ns, self.name, step, 180)
 
     def wait_checkpoint(self, step):
-        return self.c.wait_for(lambda: any(s >= step for s, _ in h.checkpoints(self.ckpt)), 180,
+        return self.c.wait_for(lambda: any(s >= step for s, _ in checkpoints(self.ckpt)), 180,
                                "a complete checkpoint at step >= %d" % step, interval=0.1)
 
     def finish(self, expect_restarts=None, redo_bound=EVERY + SYNC, phase="Succeeded", expect_recovered=None):
@@ -268,11 +211,11 @@ class FaultCase(unittest.TestCase):
             self.assertEqual(st.get("replicaRecoveries", 0), 1 if expect_recovered else 0, st)
         self.assertNotIn("recovery", st, "the recovery record outlived the recovery")
         # Final checkpoint: the last step, outer weights and parameters finite.
-        cks = h.checkpoints(self.ckpt)
+        cks = checkpoints(self.ckpt)
         self.assertTrue(cks, "no checkpoint")
         last_step, last_dir = cks[-1]
         self.assertEqual(last_step, STEPS, cks)
-        ok, detail = h.outer_weights_finite(last_dir, WORLD)
+        ok, detail = outer_weights_finite(last_dir, WORLD)
         self.assertTrue(ok, detail)
         # Steps redone per restart: the furthest step any rank of the old incarnation
         # logged, minus where the next incarnation resumed.
@@ -321,7 +264,7 @@ class FaultCase(unittest.TestCase):
         by_gen = {}
         for uid, (name, rank, gen) in self.tracker.uids.items():
             for f in glob.glob(os.path.join(self.c.tmp, "kubelet", "pods", "%s_%s_%s" % (self.ns, name, uid), "worker.log")):
-                rows = [json.loads(l[6:]) for l in open(f, errors="replace") if l.startswith("@edit ")]
+                rows = logs.read(f)[0]
                 by_gen.setdefault(gen, {}).setdefault(rank, []).append(rows)
         return by_gen
 

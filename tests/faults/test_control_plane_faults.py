@@ -2,15 +2,13 @@
 restarted (its kubelet stops the pods' processes) or crashed (its containers outlive it)
 while a job trains (fault_case.py has the common checks).
 
-Run one case:  python3 tests/faults/test_control_plane_faults.py -v ControlPlaneFaults.test_kill_operator
+Run one case:  PYTHONPATH=tests/pylib python3 tests/faults/test_control_plane_faults.py -v ControlPlaneFaults.test_kill_operator
 """
-import os
 import signal
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fault_case import FaultCase, EVERY, PACED, STEPS, SYNC, WORLD, h  # noqa: E402
+from fault_case import EVERY, PACED, STEPS, SYNC, WORLD, FaultCase
+from edit_testing.unittest_main import main
 
 
 class ControlPlaneFaults(FaultCase):
@@ -80,4 +78,4 @@ class ControlPlaneFaults(FaultCase):
 
 
 if __name__ == "__main__":
-    h.main()
+    main()

@@ -1,14 +1,14 @@
 """Fault suite, bad state: a corrupt newest checkpoint (skipped by its checksum) and a NaN in
 one replica's weights (eliminated by the penalty) (fault_case.py has the common checks).
 
-Run one case:  python3 tests/faults/test_data_faults.py -v DataFaults.test_nan_in_one_replica
+Run one case:  PYTHONPATH=tests/pylib python3 tests/faults/test_data_faults.py -v DataFaults.test_nan_in_one_replica
 """
 import glob
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fault_case import FaultCase, EVERY, SYNC, WORLD, h  # noqa: E402
+from fault_case import EVERY, SYNC, WORLD, FaultCase
+from edit_testing.ckpt import checkpoints
+from edit_testing.unittest_main import main
 
 
 class DataFaults(FaultCase):
@@ -20,8 +20,8 @@ class DataFaults(FaultCase):
         self.wait_checkpoint(24)
         for r in range(WORLD):
             self.c.kill(self.ns, self.pod(r), "STOP")
-        newest, path = h.checkpoints(self.ckpt)[-1]
-        prev = [s for s, _ in h.checkpoints(self.ckpt) if s < newest][-1]
+        newest, path = checkpoints(self.ckpt)[-1]
+        prev = [s for s, _ in checkpoints(self.ckpt) if s < newest][-1]
         f = os.path.join(path, "rank-00002.ckpt")
         with open(f, "r+b") as fh:
             fh.seek(os.path.getsize(f) // 2)
@@ -49,4 +49,4 @@ class DataFaults(FaultCase):
 
 
 if __name__ == "__main__":
-    h.main()
+    main()

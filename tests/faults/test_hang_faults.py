@@ -2,14 +2,12 @@
 hangTimeoutSeconds and replaces the silent rank in place, or restarts the gang
 (fault_case.py has the common checks).
 
-Run one case:  python3 tests/faults/test_hang_faults.py -v HangFaults.test_hung_worker
+Run one case:  PYTHONPATH=tests/pylib python3 tests/faults/test_hang_faults.py -v HangFaults.test_hung_worker
 """
-import os
-import sys
 import urllib.parse
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fault_case import FaultCase, PACED, h  # noqa: E402
+from fault_case import PACED, FaultCase
+from edit_testing.unittest_main import main
 
 
 class HangFaults(FaultCase):
@@ -59,4 +57,4 @@ class HangFaults(FaultCase):
 
 
 if __name__ == "__main__":
-    h.main()
+    main()

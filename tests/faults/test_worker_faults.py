@@ -2,14 +2,13 @@
 replica), its pod deleted, or every worker SIGTERMed, with in-place recovery or a gang
 restart (fault_case.py has the common checks).
 
-Run one case:  python3 tests/faults/test_worker_faults.py -v WorkerFaults.test_kill_worker
+Run one case:  PYTHONPATH=tests/pylib python3 tests/faults/test_worker_faults.py -v WorkerFaults.test_kill_worker
 """
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fault_case import FaultCase, PACED, STEPS, SYNC, WORLD, RecoveryClock, h  # noqa: E402
+from fault_case import PACED, STEPS, SYNC, WORLD, FaultCase, RecoveryClock
+from edit_testing.unittest_main import main
 
 
 class WorkerFaults(FaultCase):
@@ -128,4 +127,4 @@ class WorkerFaults(FaultCase):
 
 
 if __name__ == "__main__":
-    h.main()
+    main()

@@ -18,7 +18,7 @@ afterwards), so what is checked is the image's own files, user and libraries:
 Images: EDIT_RUNTIME_IMAGE / EDIT_OPERATOR_IMAGE (default localhost/edit-runtime:latest,
 localhost/edit-operator:latest). Every test skips (exit 77) when its image is not built.
 
-Run:  python3 tests/images/test_images.py -v [RuntimeImage.test_print_config]
+Run:  PYTHONPATH=tests/pylib python3 tests/images/test_images.py -v [RuntimeImage.test_print_config]
 """
 import io
 import json
@@ -28,7 +28,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -38,9 +37,10 @@ import unittest
 import urllib.error
 import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-BUILD = os.environ.get("EDIT_BUILD_DIR", os.path.join(ROOT, "build"))
+from edit_testing.cpu import openblas_coretype
+from edit_testing.net import free_port
+from edit_testing.paths import BUILD, ROOT
+
 RUNTIME = os.environ.get("EDIT_RUNTIME_IMAGE", "localhost/edit-runtime:latest")
 OPERATOR = os.environ.get("EDIT_OPERATOR_IMAGE", "localhost/edit-operator:latest")
 USER = "65532:65532"
@@ -53,29 +53,6 @@ def inspect(image):
         return None
     res = subprocess.run(["buildah", "inspect", "--type", "image", image], capture_output=True, text=True)
     return json.loads(res.stdout) if res.returncode == 0 else None
-
-
-def expected_coretype():
-    """The OPENBLAS_CORETYPE the runtime should pick on this CPU (README, Troubleshooting:
-    AVX512-BF16 Cooperlake, AVX512 F/BW/VL SkylakeX, AVX2+FMA Haswell, else none)."""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                if "avx512_bf16" in flags:
-                    return "Cooperlake"
-                if {"avx512f", "avx512bw", "avx512vl"} <= flags:
-                    return "SkylakeX"
-                if {"avx2", "fma"} <= flags:
-                    return "Haswell"
-                return ""
-    return ""
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sonames(ldd_output):
@@ -222,7 +199,7 @@ class RuntimeImage(ImageCase):
         log = res.stdout + res.stderr
         took = time.monotonic() - t0
         self.assertRegex(log, r"edit-run: 2 workers \(2 replicas x 1 shards\)")
-        want = expected_coretype()
+        want = openblas_coretype()
         if want:
             self.assertIn("OPENBLAS_CORETYPE=%s" % want, log)
             kernels = re.findall(r"OpenBLAS kernels: (\S+)", log)
@@ -358,6 +335,5 @@ class OperatorImage(ImageCase):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from unittest_main import main  # exits 77 (ctest: skipped) when every test skipped
+    from edit_testing.unittest_main import main  # exits 77 (ctest: skipped) when every test skipped
     main()

@@ -18,13 +18,12 @@ import sys
 import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-from test_edit_run import make_data, summaries  # noqa: E402
+from edit_testing import edit_run
+from edit_testing.data import make_data
+from edit_testing.logs import summaries
+from edit_testing.paths import EDIT_EXPORT
 
-BUILD = os.environ["EDIT_BUILD_DIR"]
-EDIT_RUN = os.path.join(BUILD, "runtime", "edit-run")
-EDIT_EXPORT = os.path.join(BUILD, "runtime", "edit-export")
+HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE = os.path.join(HERE, "hf_reference.py")
 DTYPE_SIZE = {"F32": 4, "BF16": 2, "I64": 8}
 
@@ -39,9 +38,7 @@ def train(d):
             "training.logEvery=8", "algorithm.warmupSteps=8", "algorithm.syncInterval=4",
             "algorithm.penalty.anomalyWarmup=2", f"checkpoint.dir={d}/ckpt",
             "checkpoint.everySteps=5", "checkpoint.keep=100"]
-    p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", "2", "--log-dir", logs, "--quiet"]
-                       + sum((["--set", s] for s in sets), []),
-                       capture_output=True, text=True, timeout=600)
+    p = edit_run.run(4, sets, shards=2, log_dir=logs, quiet=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return summaries(logs)
 

@@ -5,78 +5,20 @@ exits 0, loss falls, replicas agree on the weights, A-EDiT tolerates a straggler
 penalty defeats a corrupted replica, SIGTERM checkpoints and a rerun resumes.
 """
 import glob
-import json
 import math
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 import unittest
 
-sys.path.insert(0, os.path.dirname(__file__))
-import ckpt  # noqa: E402
-
-BUILD = os.environ["EDIT_BUILD_DIR"]
-EDIT_RUN = os.path.join(BUILD, "runtime", "edit-run")
-EDIT_DATA = os.path.join(BUILD, "runtime", "edit-data")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_as_pod(test, args, log_path, rank, replicas, port, join, local_world, **env):
-    """edit-train as an operator-made pod starts it (its environment, no edit-run): rank
-    `rank` of `replicas` x 1, EDIT_JOIN `join` ("0", "1" or "scale"), output in log_path.
-    Killed at the end of the test if it still runs."""
-    e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(replicas), EDIT_REPLICAS=str(replicas), EDIT_SHARDS="1",
-             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), EDIT_BIND_ADDR="127.0.0.1",
-             EDIT_LOCAL_WORLD_SIZE=str(local_world), EDIT_JOIN=join, **env)
-    log = open(log_path, "w")
-    test.addCleanup(log.close)
-    p = subprocess.Popen(args, env=e, stdout=log, stderr=subprocess.STDOUT)
-    test.addCleanup(lambda: p.poll() is None and p.kill())
-    return p
-
-
-def make_data(d):
-    """A small English-like corpus (generated, no download) as llm.c token files."""
-    words = ("the of and to in a is that for it as was with be by on not he this are or his "
-             "from at which but have an they you were her she there been one all we their").split()
-    import random
-    rng = random.Random(5)
-    lines = []
-    for _ in range(6000):
-        lines.append(" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) + ".")
-    text = os.path.join(d, "text.txt")
-    with open(text, "w") as f:
-        f.write("\n".join(lines))
-    subprocess.run([EDIT_DATA, "encode", "--in", text, "--train", os.path.join(d, "train.bin"),
-                    "--val", os.path.join(d, "val.bin")], check=True, capture_output=True)
-
-
-def summaries(log_dir):
-    out = {}
-    for f in glob.glob(os.path.join(log_dir, "rank-*.log")):
-        for line in open(f):
-            if line.startswith("@edit-summary "):
-                s = json.loads(line[14:])
-                out[s["rank"]] = s
-    return out
-
-
-def progress(log_dir, rank=0):
-    rows = []
-    for line in open(os.path.join(log_dir, f"rank-{rank}.log")):
-        if line.startswith("@edit "):
-            rows.append(json.loads(line[6:]))
-    return rows
+from edit_testing import ckpt, edit_run
+from edit_testing.cpu import openblas_coretype
+from edit_testing.data import make_data
+from edit_testing.logs import progress, summaries
+from edit_testing.net import free_port
+from edit_testing.paths import EDIT_TRAIN
 
 
 def newest_ckpt(d):
@@ -102,9 +44,7 @@ class EditRun(unittest.TestCase):
         if mode == "ddp":
             extra.append("checkpoint.everySteps=8")
         args = extra + list(sets)  # the test's own settings win
-        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", str(shards), "--log-dir", logs]
-                           + sum((["--set", s] for s in self.base_sets() + args), []),
-                           capture_output=True, text=True, timeout=600)
+        p = edit_run.run(4, self.base_sets() + args, shards=shards, log_dir=logs)
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
         self.assertIn("validation loss", p.stdout)  # the summary table's last line
         return logs
@@ -195,9 +135,7 @@ class Robustness(EditRun):
         sets = self.base_sets() + ["algorithm.mode=a-edit", "algorithm.syncSeconds=0.1", "algorithm.maxStepsPerSync=4",
                                    "training.steps=150", "debug.injectStepDelay.rank=3",
                                    "debug.injectStepDelay.seconds=0.1"]
-        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs]
-                           + sum((["--set", s] for s in sets), []),
-                           capture_output=True, text=True, timeout=600)
+        p = edit_run.run(4, sets, log_dir=logs)
         self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
         s = summaries(logs)
         self.assertGreaterEqual(s[0]["sync_rounds"], 20)
@@ -228,9 +166,7 @@ class Robustness(EditRun):
                                        f"algorithm.penalty.anomaly={anomaly}",
                                        "algorithm.penalty.clip=false", "algorithm.penalty.weighted=false",
                                        f"checkpoint.dir={self.d}/ck-{anomaly}"]
-            p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs]
-                               + sum((["--set", s] for s in sets), []),
-                               capture_output=True, text=True, timeout=600)
+            p = edit_run.run(4, sets, log_dir=logs)
             self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
             return summaries(logs)
         on, off = go("true"), go("false")
@@ -250,8 +186,7 @@ class Robustness(EditRun):
         sets = self.base_sets() + ["algorithm.mode=edit", "training.lrWarmupSteps=100000", "training.logEvery=1",
                                    "algorithm.penalty.zThreshold=0.001", "algorithm.penalty.anomalyWarmup=2"]
         env = dict(os.environ, EDIT_TERMINATION_LOG=term)
-        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs] + sum((["--set", s] for s in sets), []),
-                           capture_output=True, text=True, timeout=600, env=env)
+        p = edit_run.run(4, sets, log_dir=logs, env=env)
         out = p.stdout[-3000:] + p.stderr[-3000:]
         self.assertEqual(p.returncode, 3, out)
         self.assertNotIn("starting a replacement", p.stderr)  # a replacement would replay it
@@ -265,9 +200,7 @@ class Robustness(EditRun):
 
         # maxSkippedRounds=0: the same run finishes, and the skips are counted.
         logs = os.path.join(self.d, "logs-stall-off")
-        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs]
-                           + sum((["--set", s] for s in sets + ["algorithm.penalty.maxSkippedRounds=0"]), []),
-                           capture_output=True, text=True, timeout=600)
+        p = edit_run.run(4, sets + ["algorithm.penalty.maxSkippedRounds=0"], log_dir=logs)
         self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
         self.assertGreater(summaries(logs)[0]["outer_skips"], 0)
 
@@ -279,9 +212,7 @@ class Robustness(EditRun):
         sets = self.base_sets() + ["algorithm.mode=edit", "training.lrWarmupSteps=100000", "training.logEvery=1",
                                    "algorithm.penalty.zThreshold=0.001", "algorithm.penalty.anomalyWarmup=2"]
         first = os.path.join(self.d, "logs-first")
-        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", first] + sum(
-            (["--set", s] for s in sets + ["training.steps=24", "algorithm.penalty.maxSkippedRounds=0"]), []),
-            capture_output=True, text=True, timeout=600)
+        p = edit_run.run(4, sets + ["training.steps=24", "algorithm.penalty.maxSkippedRounds=0"], log_dir=first)
         self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
         skips = re.findall(r"sync round (\d+): every replica's pseudo-gradient of unit embed was anomalous"
                            r".*\((\d+) round\(s\) in a row\)", open(os.path.join(first, "rank-0.log")).read())
@@ -291,9 +222,7 @@ class Robustness(EditRun):
         self.assertEqual(streak, 2, "this check wants a streak of 2 at the checkpoint")
 
         logs = os.path.join(self.d, "logs-resumed")
-        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--log-dir", logs] + sum(
-            (["--set", s] for s in sets + ["training.steps=48", "algorithm.penalty.maxSkippedRounds=3"]), []),
-            capture_output=True, text=True, timeout=600)
+        p = edit_run.run(4, sets + ["training.steps=48", "algorithm.penalty.maxSkippedRounds=3"], log_dir=logs)
         self.assertEqual(p.returncode, 3, p.stdout[-3000:] + p.stderr[-3000:])
         log0 = open(os.path.join(logs, "rank-0.log")).read()
         self.assertIn("resumed from ", log0)
@@ -311,10 +240,8 @@ class Robustness(EditRun):
                                        f"algorithm.syncCompression={codec}"]
 
             def run(tag, steps):
-                p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", "2", "--log-dir",
-                                    os.path.join(self.d, tag)] + sum(
-                    (["--set", s] for s in sets + [f"training.steps={steps}", f"checkpoint.dir={self.d}/ck-{tag}"]),
-                    []), capture_output=True, text=True, timeout=600)
+                p = edit_run.run(4, sets + [f"training.steps={steps}", f"checkpoint.dir={self.d}/ck-{tag}"],
+                                 shards=2, log_dir=os.path.join(self.d, tag))
                 self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
                 return summaries(os.path.join(self.d, tag))
 
@@ -335,20 +262,16 @@ class Robustness(EditRun):
         OPENBLAS_CORETYPE) still gets OpenBLAS kernels for this CPU, not the SSE3 fallback
         Debian's OpenBLAS picks on recent Xeons, and a passive OpenMP wait policy; values
         already set are kept."""
-        flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
-        want = ("Cooperlake" if "avx512_bf16" in flags else
-                "SkylakeX" if {"avx512f", "avx512bw", "avx512vl"} <= set(flags) else
-                "Haswell" if {"avx2", "fma"} <= set(flags) else None)
+        want = openblas_coretype()
         if want is None:
             self.skipTest("this CPU needs no OPENBLAS_CORETYPE")
-        train = os.path.join(os.path.dirname(EDIT_RUN), "edit-train")
         env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY")}
         env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                    EDIT_BIND_ADDR="127.0.0.1")
         sets = self.base_sets() + ["training.steps=2", "algorithm.mode=ddp", "metrics.port=-1"]
         for preset, expect in ((None, want), ("Haswell", "Haswell")):
             e = dict(env, **({"OPENBLAS_CORETYPE": preset, "OMP_WAIT_POLICY": "ACTIVE"} if preset else {}))
-            p = subprocess.run([train] + sum((["--set", s] for s in sets), []), env=e,
+            p = subprocess.run([EDIT_TRAIN] + sum((["--set", s] for s in sets), []), env=e,
                                capture_output=True, text=True, timeout=300)
             self.assertEqual(p.returncode, 0, p.stderr[-3000:])
             self.assertIn("OpenBLAS kernels: %s\n" % expect, p.stderr)
@@ -357,8 +280,7 @@ class Robustness(EditRun):
 
     def test_sigterm_checkpoints_and_rerun_resumes(self):
         sets = self.base_sets() + ["algorithm.mode=edit", "training.steps=400"]
-        args = [EDIT_RUN, "--nproc", "4"] + sum((["--set", s] for s in sets), [])
-        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.Popen(edit_run.command(4, sets), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in p.stdout:
             if line.startswith("step") and int(line.split()[1].split("/")[0]) >= 20:
                 break
@@ -370,8 +292,7 @@ class Robustness(EditRun):
         saved = int(os.path.basename(os.path.dirname(steps[-1]))[5:])
         self.assertGreater(saved, 8)
         logs = os.path.join(self.d, "logs")
-        p2 = subprocess.run(args[:3] + ["--log-dir", logs] + args[3:] + ["--set", "training.steps=60"],
-                            capture_output=True, text=True, timeout=600)
+        p2 = edit_run.run(4, sets + ["training.steps=60"], log_dir=logs)
         self.assertEqual(p2.returncode, 0, p2.stdout[-2000:] + p2.stderr[-2000:])
         s = summaries(logs)
         self.assertEqual(s[0]["resumed_from"], saved)
@@ -379,6 +300,5 @@ class Robustness(EditRun):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-    from unittest_main import main  # exits 77 (ctest: skipped) when every test skipped
+    from edit_testing.unittest_main import main  # exits 77 (ctest: skipped) when every test skipped
     main()

@@ -14,14 +14,15 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import unittest
 
-sys.path.insert(0, os.path.dirname(__file__))
-import ckpt  # noqa: E402
-import test_edit_run as base  # noqa: E402
-from test_edit_run import EDIT_RUN, summaries  # noqa: E402
+import test_edit_run as base  # the mode tests' temp dir, corpus and tiny schedule
+from edit_testing import ckpt, edit_run
+from edit_testing.edit_run import start_as_pod
+from edit_testing.logs import summaries
+from edit_testing.net import free_port
+from edit_testing.paths import EDIT_TRAIN
 
 GROW_AT, SHRINK_AT = 16, 32  # sync steps of base_sets (warm-up 8, a round every 4 steps)
 RESUME_AT = 18               # a step between two of its sync rounds
@@ -48,9 +49,7 @@ class Elastic(unittest.TestCase):
         logs = os.path.join(self.d, "logs-" + tag)
         sets = self.base_sets() + ["algorithm.mode=edit", f"checkpoint.dir={ck or self.d + '/ck-' + tag}",
                                    "runtime.rendezvousTimeoutSeconds=120"] + list(sets)
-        p = subprocess.run([EDIT_RUN, "--nproc", str(nproc), "--shards", str(shards), "--log-dir", logs]
-                           + list(args) + sum((["--set", s] for s in sets), []),
-                           capture_output=True, text=True, timeout=900)
+        p = edit_run.run(nproc, sets, shards=shards, log_dir=logs, args=args, timeout=900)
         return p, logs
 
     def grow_and_shrink(self, shards, sets=()):
@@ -161,19 +160,18 @@ class Elastic(unittest.TestCase):
         # and 1 of 2 replicas, rank 2 as the new replica's (EDIT_JOIN=scale), the world grows
         # to 3 at step 16, rank `lost` dies at step 22 and its replacement says 2 replicas.
         # It must join the survivors' generation of 3, and the job finish in place.
-        train = os.path.join(os.path.dirname(EDIT_RUN), "edit-train")
-        port = base.free_port()
+        port = free_port()
         ck = os.path.join(self.d, "ck-stale")
         sets = self.base_sets() + ["algorithm.mode=edit", f"checkpoint.dir={ck}", "metrics.port=-1",
                                    "runtime.rendezvousTimeoutSeconds=60", f"debug.killAtStep.rank={lost}",
                                    "debug.killAtStep.step=22"]
-        args = [train] + sum((["--set", s] for s in sets), [])
+        args = [EDIT_TRAIN] + sum((["--set", s] for s in sets), [])
         logs = {}
 
         def start(rank, replicas, join, tag):
             logs[tag] = os.path.join(self.d, f"rank-{tag}.log")
-            return base.start_as_pod(self, args, logs[tag], rank, replicas, port, join, 3,
-                                     EDIT_SCALE_AT=f"{GROW_AT}:3")
+            return start_as_pod(self, args, logs[tag], rank, replicas, port, join, 3,
+                                EDIT_SCALE_AT=f"{GROW_AT}:3")
 
         procs = {"0": start(0, 2, "0", "0"), "1": start(1, 2, "0", "1"), "2": start(2, 3, "scale", "2")}
         self.assertEqual(procs[str(lost)].wait(timeout=300), -signal.SIGKILL)
@@ -201,8 +199,8 @@ class Elastic(unittest.TestCase):
         sets = self.base_sets() + ["algorithm.mode=edit", f"checkpoint.dir={self.d}/ck-signals",
                                    "runtime.rendezvousTimeoutSeconds=120", "training.steps=160",
                                    "debug.injectStepDelay.rank=0", "debug.injectStepDelay.seconds=0.03"]
-        p = subprocess.Popen([EDIT_RUN, "--nproc", "2", "--log-dir", logs] + sum((["--set", x] for x in sets), []),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(edit_run.command(2, sets, log_dir=logs), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
         rank0 = os.path.join(logs, "rank-0.log")
 
         def wait_for(pattern, timeout=120):
@@ -300,7 +298,7 @@ class Elastic(unittest.TestCase):
 
     def test_malformed_scale_at_is_a_usage_error(self):
         for bad, why in [("16", "is not STEP:REPLICAS"), ("16:0", "must be >= 1"), ("20:3,10:2", "steps must increase")]:
-            p = subprocess.run([EDIT_RUN, "--nproc", "2", "--scale-at", bad], capture_output=True, text=True, timeout=60)
+            p = edit_run.run(2, args=["--scale-at", bad], timeout=60)
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertIn("--scale-at", p.stderr)
             self.assertIn(why, p.stderr)

@@ -10,19 +10,19 @@ recovery cannot work (the synchronous warmup has no outer state; runtime.recover
 no replacement comes) the run fails so a launcher restarts the gang from a checkpoint.
 """
 import glob
-import json
 import math
 import os
 import signal
 import subprocess
-import sys
 import time
 import unittest
 
-sys.path.insert(0, os.path.dirname(__file__))
-import ckpt  # noqa: E402
-import test_edit_run as base  # noqa: E402
-from test_edit_run import EDIT_RUN, summaries  # noqa: E402
+import test_edit_run as base  # the mode tests' temp dir, corpus and tiny schedule
+from edit_testing import ckpt, edit_run, logs as edit_logs
+from edit_testing.edit_run import start_as_pod
+from edit_testing.logs import progress, summaries
+from edit_testing.net import free_port
+from edit_testing.paths import EDIT_TRAIN
 
 SYNC = 4      # algorithm.syncInterval of EditRun.base_sets
 WARMUP = 8    # algorithm.warmupSteps
@@ -39,9 +39,7 @@ class Recovery(unittest.TestCase):
         sets = self.base_sets() + [f"checkpoint.dir={self.d}/ck-{tag}", "checkpoint.keep=100",
                                    "runtime.collectiveTimeoutSeconds=60",
                                    "runtime.rendezvousTimeoutSeconds=120"] + sets
-        p = subprocess.run([EDIT_RUN, "--nproc", "4", "--shards", str(shards), "--log-dir", logs] + list(args)
-                           + sum((["--set", s] for s in sets), []),
-                           capture_output=True, text=True, timeout=600, env=dict(os.environ, **(env or {})))
+        p = edit_run.run(4, sets, shards=shards, log_dir=logs, args=args, env=dict(os.environ, **(env or {})))
         return p, logs
 
     def recover(self, mode, shards, kill_rank, extra=(), kill_at=KILL_AT, env=None, rolls_back=True):
@@ -161,7 +159,7 @@ class Recovery(unittest.TestCase):
             self.assertIn("skipped in the last 3 sync rounds in a row (up to round 5)", f.read())
         # Each rank reports the round before the stall check: the replacement's last report
         # is round 5's, with the whole count.
-        last = base.progress(logs, 3)[-1]
+        last = progress(logs, 3)[-1]
         self.assertEqual((last["sync_rounds"], last["skip_streak"]), (5, 3), last)
 
     def test_every_rank_replaced_at_once_falls_back_to_a_gang_restart(self):
@@ -171,22 +169,20 @@ class Recovery(unittest.TestCase):
         # survivor is left to name it, so it names its own after a grace period, and the
         # replacements find that nobody holds the state: exit 75 (a gang restart from the
         # checkpoint) at once, not at the default 600 s rendezvous deadline.
-        train = os.path.join(os.path.dirname(EDIT_RUN), "edit-train")
-        port = base.free_port()
+        port = free_port()
         sets = self.base_sets() + ["algorithm.mode=edit", "training.steps=400", "training.logEvery=1",
                                    "metrics.port=-1", f"checkpoint.dir={self.d}/ck-all"]
-        args = [train] + sum((["--set", s] for s in sets), [])
+        args = [EDIT_TRAIN] + sum((["--set", s] for s in sets), [])
 
         def start(rank, join):
-            return base.start_as_pod(self, args, os.path.join(self.d, f"all-{rank}-{join}.log"), rank, 2, port,
-                                     join, 2)
+            return start_as_pod(self, args, os.path.join(self.d, f"all-{rank}-{join}.log"), rank, 2, port, join, 2)
 
         first = [start(0, "0"), start(1, "0")]
         deadline = time.time() + 120
         log0 = os.path.join(self.d, "all-0-0.log")
         while time.time() < deadline:  # past the warm-up: a local phase
-            rows = [l for l in open(log0) if l.startswith("@edit ")]
-            if rows and json.loads(rows[-1][6:])["step"] >= WARMUP + SYNC + 2:
+            rows = edit_logs.read(log0)[0]
+            if rows and rows[-1]["step"] >= WARMUP + SYNC + 2:
                 break
             time.sleep(0.1)
         else:
@@ -283,8 +279,7 @@ class Recovery(unittest.TestCase):
         sets = self.base_sets() + [f"checkpoint.dir={self.d}/ck-term", "checkpoint.keep=100",
                                    "training.logEvery=1", "runtime.collectiveTimeoutSeconds=60",
                                    "runtime.rendezvousTimeoutSeconds=120"] + sets
-        p = subprocess.Popen([EDIT_RUN, "--nproc", "4", "--shards", "2", "--log-dir", logs, "--quiet"]
-                             + sum((["--set", x] for x in sets), []),
+        p = subprocess.Popen(edit_run.command(4, sets, shards=2, log_dir=logs, quiet=True),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 300
@@ -359,8 +354,7 @@ class StoreConnections(unittest.TestCase):
         logs = os.path.join(self.d, "logs")
         sets = self.base_sets() + [f"algorithm.mode={mode}", "training.steps=400", "training.logEvery=1",
                                    f"checkpoint.dir={self.d}/ck"] + list(extra)
-        p = subprocess.Popen([EDIT_RUN, "--nproc", "4", "--shards", "2", "--log-dir", logs, "--quiet"]
-                             + sum((["--set", x] for x in sets), []),
+        p = subprocess.Popen(edit_run.command(4, sets, shards=2, log_dir=logs, quiet=True),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 300
@@ -397,9 +391,8 @@ def zombie(pid):
 def logged_steps(logs, rank):
     """The steps rank `rank` logged so far (empty while its log is missing or half written)."""
     try:
-        with open(os.path.join(logs, f"rank-{rank}.log")) as f:
-            return [json.loads(l[6:])["step"] for l in f if l.startswith("@edit ")]
-    except (OSError, ValueError):
+        return [row["step"] for row in edit_logs.read(os.path.join(logs, f"rank-{rank}.log"))[0]]
+    except OSError:
         return []
 
 
@@ -449,6 +442,5 @@ def worker_pid(launcher, rank):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-    from unittest_main import main  # exits 77 (ctest: skipped) when every test skipped
+    from edit_testing.unittest_main import main  # exits 77 (ctest: skipped) when every test skipped
     main()

@@ -1,4 +1,8 @@
-"""An independent reader of edit-train checkpoint files (runtime/src/train/checkpoint.h)."""
+"""An independent reader of edit-train checkpoint files (runtime/src/train/checkpoint.h),
+and the checks built on it."""
+import glob
+import math
+import os
 import struct
 import zlib
 
@@ -33,3 +37,25 @@ def read(path):
 
 def values(raw, code="f"):
     return struct.unpack(f"<{len(raw) // struct.calcsize(code)}{code}", raw)
+
+
+def checkpoints(ckpt_dir):
+    """Complete checkpoints (with MANIFEST), oldest first, as (step, path)."""
+    out = []
+    for d in glob.glob(os.path.join(ckpt_dir, "step-*")):
+        if os.path.exists(os.path.join(d, "MANIFEST")):
+            out.append((int(os.path.basename(d)[5:]), d))
+    return sorted(out)
+
+
+def outer_weights_finite(step_dir, world):
+    """Reads every rank file of a checkpoint; (True, "") when every outer/theta value is
+    finite, else (False, where the first bad one is)."""
+    for r in range(world):
+        f = read(os.path.join(step_dir, "rank-%05d.ckpt" % r))
+        for k, v in f.items():
+            if k.endswith("/outer") or k.endswith("/theta"):
+                bad = sum(1 for x in values(v) if not math.isfinite(x))
+                if bad:
+                    return False, "%s rank %d %s: %d non-finite values" % (step_dir, r, k, bad)
+    return True, ""

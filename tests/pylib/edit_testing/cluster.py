@@ -1,19 +1,19 @@
-"""Shared harness of the end-to-end and fault tests: the API stand-in with its local
-kubelet, the edit-operator, real kubectl, a generated corpus, and a pod tracker.
+"""The stand-in cluster of the end-to-end tests, the fault suite and the Kubernetes-path
+benchmarks: the API stand-in (tests/apiserver/standin.py) with its local kubelet, the
+edit-operator, real kubectl, and trackers of a job's pods.
 
-Everything a test starts lives in one temporary directory and is stopped in close(),
+Everything a Cluster starts lives in one temporary directory and is stopped in close(),
 also when the test fails (tests call it from addCleanup). Ports are picked at run time.
-Python standard library only.
 """
 import glob
 import http.client
+import importlib.util
 import json
-import math
 import os
 import random
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,49 +21,11 @@ import threading
 import time
 import urllib.parse
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-BUILD = os.environ.get("EDIT_BUILD_DIR", os.path.join(ROOT, "build"))
-RUNTIME_DIR = os.path.join(BUILD, "runtime")
-EDIT_DATA = os.path.join(RUNTIME_DIR, "edit-data")
-OPERATOR = os.environ.get("EDIT_OPERATOR", os.path.join(BUILD, "operator", "edit-operator"))
-STANDIN = os.path.join(ROOT, "tests", "apiserver", "standin.py")
-CRD = os.path.join(ROOT, "crds", "editjob.yaml")
+from . import logs
+from .net import free_port
+from .paths import OPERATOR, RUNTIME_DIR, STANDIN, find_kubectl
+
 GROUP = "/apis/edit.io/v1alpha1"
-
-sys.path.insert(0, os.path.join(ROOT, "tests", "runtime", "integration"))
-import ckpt  # noqa: E402  (the independent checkpoint reader)
-
-
-def find_kubectl():
-    for cand in (os.environ.get("KUBECTL"), os.path.join(ROOT, ".tools", "bin", "kubectl"),
-                 "/usr/bin/kubectl", shutil.which("kubectl")):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_data(d):
-    """A small English-like corpus (generated, no download) as llm.c token files."""
-    words = ("the of and to in a is that for it as was with be by on not he this are or his "
-             "from at which but have an they you were her she there been one all we their").split()
-    rng = random.Random(5)
-    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) + "." for _ in range(6000)]
-    text = os.path.join(d, "text.txt")
-    with open(text, "w") as f:
-        f.write("\n".join(lines))
-    train, val = os.path.join(d, "train.bin"), os.path.join(d, "val.bin")
-    subprocess.run([EDIT_DATA, "encode", "--in", text, "--train", train, "--val", val],
-                   check=True, capture_output=True)
-    return train, val
-
-
 
 
 def stop_process(p, sig=signal.SIGTERM, grace=20):
@@ -110,12 +72,6 @@ def job_manifest(name, ns, data_dir, ckpt_dir, master_port, steps=60, every=10, 
 
 class Failure(AssertionError):
     pass
-
-
-# ctest's SKIP_RETURN_CODE for these tests: a run whose every test skipped reports as
-# skipped, not as passed (tests/unittest_main.py).
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-from unittest_main import SKIP_EXIT, main  # noqa: E402,F401
 
 
 class Cluster:
@@ -345,20 +301,18 @@ class Cluster:
         return sorted(glob.glob(pat))
 
     def summaries(self, ns, job):
+        """{rank: [its summaries, one per incarnation that finished]} of a job's pods."""
         out = {}
         for f in glob.glob(os.path.join(self.tmp, "kubelet", "pods", "%s_%s-worker-*" % (ns, job), "worker.log")):
-            for line in open(f, errors="replace"):
-                if line.startswith("@edit-summary "):
-                    s = json.loads(line[14:])
-                    out.setdefault(s["rank"], []).append(s)
+            for s in logs.read(f)[1]:
+                out.setdefault(s["rank"], []).append(s)
         return out
 
     def progress(self, ns, job, rank):
-        """(uid, [@edit rows]) for each incarnation of a rank's pod."""
+        """(uid, [@edit rows]) for each incarnation of a rank's pod, oldest first."""
         rows = []
         for f in glob.glob(os.path.join(self.tmp, "kubelet", "pods", "%s_%s-worker-%d_*" % (ns, job, rank), "worker.log")):
-            r = [json.loads(line[6:]) for line in open(f, errors="replace") if line.startswith("@edit ")]
-            rows.append((os.path.getmtime(f), os.path.basename(os.path.dirname(f)), r))
+            rows.append((os.path.getmtime(f), os.path.basename(os.path.dirname(f)), logs.read(f)[0]))
         return [x[1:] for x in sorted(rows)]
 
     # ---- diagnostics / teardown -----------------------------------------------------
@@ -475,52 +429,63 @@ class PodTracker:
         return gens
 
 
-def checkpoints(ckpt_dir):
-    """Complete checkpoints (with MANIFEST), oldest first, as (step, path)."""
-    out = []
-    for d in glob.glob(os.path.join(ckpt_dir, "step-*")):
-        if os.path.exists(os.path.join(d, "MANIFEST")):
-            out.append((int(os.path.basename(d)[5:]), d))
-    return sorted(out)
+def has_join_env(pod):
+    """True for a pod created to join a running job in place (EDIT_JOIN=1)."""
+    for c in pod.get("spec", {}).get("containers", []):
+        for e in c.get("env", []):
+            if e.get("name") == "EDIT_JOIN" and e.get("value") == "1":
+                return True
+    return False
 
 
-def outer_weights_finite(step_dir, world):
-    """Reads every rank file with the independent reader; True when every outer/theta
-    value is finite. Returns (ok, detail)."""
-    for r in range(world):
-        f = ckpt.read(os.path.join(step_dir, "rank-%05d.ckpt" % r))
-        for k, v in f.items():
-            if k.endswith("/outer") or k.endswith("/theta"):
-                vals = ckpt.values(v)
-                bad = sum(1 for x in vals if not math.isfinite(x))
-                if bad:
-                    return False, "%s rank %d %s: %d non-finite values" % (step_dir, r, k, bad)
-    return True, ""
+class RecoveryTracker(PodTracker):
+    """A PodTracker that also notes which pods were created to join a running job
+    (EDIT_JOIN=1): a recovered rank has two incarnations in one generation, and only a
+    replacement may be the second."""
+
+    def __init__(self, cluster, ns, job):
+        self.joining = set()  # uids
+        tracker = self
+
+        class Spy:  # passes everything to the cluster; notes the joiners in each pod list
+            def __getattr__(self, name):
+                return getattr(cluster, name)
+
+            def pods(self, ns_, job_):
+                items = cluster.pods(ns_, job_)
+                tracker.joining.update(p["metadata"]["uid"] for p in items if has_join_env(p))
+                return items
+        super().__init__(Spy(), ns, job)
+
+    def incarnations(self, rank, gen):
+        """uids of (rank, generation) in the order they were first seen."""
+        return [uid for uid, (_, r, g) in self.uids.items() if r == rank and g == gen]
+
+    def recovered_ranks(self):
+        return sorted({r for uid, (_, r, _) in self.uids.items() if uid in self.joining})
+
+    def problems(self, world):
+        out = []
+        for p in super().problems(world):
+            m = re.match(r"rank (\d+) generation (\d+) created \d+ times", p)
+            if m:
+                uids = self.incarnations(int(m.group(1)), int(m.group(2)))
+                if uids[0] not in self.joining and all(u in self.joining for u in uids[1:]):
+                    continue  # the failed pod, then its replacement(s)
+            out.append(p)
+        for uid in self.joining:
+            name, rank, gen = self.uids[uid]
+            if self.incarnations(rank, gen)[0] == uid:
+                out.append("%s (rank %d generation %d) joined without replacing a failed pod" % (name, rank, gen))
+        return out
 
 
-def yaml_exprs(path):
-    """(alert or record name, expr) of a Prometheus rules file; a small reader for the
-    two forms used there (`expr: one line` and `expr: |` blocks), standard library only."""
-    out, name = [], None
-    with open(path) as f:
-        lines = f.read().splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        s = line.strip()
-        if s.startswith("- alert:") or s.startswith("- record:"):
-            name = s.split(":", 1)[1].strip()
-        elif s.startswith("expr:"):
-            rest = s[5:].strip()
-            if rest in ("|", ">", "|-", ">-"):
-                indent = len(line) - len(line.lstrip())
-                block = []
-                i += 1
-                while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent):
-                    block.append(lines[i].strip())
-                    i += 1
-                out.append((name, " ".join(b for b in block if b)))
-                continue
-            out.append((name, rest.strip("'\"")))
-        i += 1
-    return out
+def local_image_id(ref):
+    """The stand-in kubelet's own lookup of a locally built image (tests/apiserver/images.py),
+    so that a test skips exactly when the kubelet could not run the image. Loaded from its
+    file: the stand-in is a program with its own modules, not a package."""
+    path = os.path.join(os.path.dirname(STANDIN), "images.py")
+    spec = importlib.util.spec_from_file_location("standin_images", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.local_image_id(ref)

@@ -3,10 +3,9 @@ skipped (no kubectl, no helm, no image, ...), which ctest would report as passed
 exits SKIP_EXIT instead, and each registration sets SKIP_RETURN_CODE to it, so that ctest
 reports the test as skipped. A run in which some test ran exits as unittest would.
 
-    python3 tests/unittest_main.py -v test_module[.Class[.test]]   # as python -m unittest
-    from unittest_main import main; main()                        # in a test file's __main__
+    python3 -m edit_testing.unittest_main -v test_module[.Class[.test]]   # as python -m unittest
+    from edit_testing.unittest_main import main; main()                  # in a test file's __main__
 """
-import os
 import sys
 import unittest
 
@@ -32,5 +31,4 @@ def main(module="__main__"):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.getcwd())  # as python -m unittest: test modules from the working directory
-    main(module=None)
+    main(module=None)  # -m puts the working directory first on sys.path, as python -m unittest does

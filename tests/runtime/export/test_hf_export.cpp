@@ -259,9 +259,9 @@ void expectUnits(const hf::Model& m, const std::vector<torch::Tensor>& want) {
 }
 
 void flipByte(const std::string& path, size_t at) {
-  std::string b = slurp(path);
+  std::string b = readFile(path);
   b[at] ^= 0x10;
-  spit(path, b);
+  writeFile(path, b);
 }
 
 }  // namespace
@@ -318,12 +318,12 @@ TEST(ExportCheckpoint, CorruptOrIncompleteCheckpointsAreRefused) {
   c.write(7, true);
   {
     // Intact but not the file the manifest vouches for (another run's rank file).
-    const std::string saved = slurp(rank4);
+    const std::string saved = readFile(rank4);
     FakeCheckpoint other(7, true);
     fs::copy_file(rankFileName(other.stepDir(7), 4), rank4, fs::copy_options::overwrite_existing);
     src.replica = 1;
     EXPECT_ERROR(CheckpointError, hf::loadCheckpoint(src), "rank-00004.ckpt: does not match the checksum");
-    spit(rank4, saved);
+    writeFile(rank4, saved);
     EXPECT_NO_THROW(hf::loadCheckpoint(src));
     src.replica = 0;
   }
@@ -345,14 +345,14 @@ TEST(ExportCheckpoint, CorruptOrIncompleteCheckpointsAreRefused) {
   {
     // The manifest's configuration describes another model than the files hold.
     const std::string path = c.stepDir(7) + "/MANIFEST";
-    const std::string saved = slurp(path);
+    const std::string saved = readFile(path);
     std::string edited = saved;
     const auto at = edited.find("layers: 2");
     ASSERT_NE(at, std::string::npos) << edited;
     edited.replace(at, 9, "layers: 3");
-    spit(path, edited);
+    writeFile(path, edited);
     EXPECT_ERROR(hf::ExportError, hf::loadCheckpoint(src), "configuration in the MANIFEST describes");
-    spit(path, saved);
+    writeFile(path, saved);
   }
   EXPECT_NO_THROW(hf::loadCheckpoint(src));
   hf::Source nowhere;

@@ -51,7 +51,7 @@ TEST(Safetensors, HeaderIsAlignedAndTensorsTileTheData) {
                                  {"d.scalar", scalar, st::DType::F32}};
   const std::string path = dir + "/x.safetensors";
   const uint64_t size = st::writeFile(path, items, {{"format", "pt"}, {"k", "v"}});
-  const std::string bytes = slurp(path);
+  const std::string bytes = readFile(path);
   ASSERT_EQ(bytes.size(), size);
 
   // Parsed here with a JSON library directly, not with the module's reader.
@@ -109,7 +109,7 @@ TEST(Safetensors, Bf16RoundsToNearestEven) {
   const auto t = torch::tensor(v);
   const std::string path = dir + "/b.safetensors";
   st::writeFile(path, {{"t", t, st::DType::BF16}}, {});
-  const std::string bytes = slurp(path);
+  const std::string bytes = readFile(path);
   uint64_t n;
   std::memcpy(&n, bytes.data(), 8);
   ASSERT_EQ(bytes.size(), 8 + n + 2 * v.size());

@@ -2,17 +2,15 @@
 // connection to the job's store and Gloo process groups over loopback.
 #pragma once
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <exception>
-#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../../common/test_files.h"
 #include "../free_port.h"
 #include "dist/comm.h"
 #include "dist/flat_units.h"
@@ -62,13 +60,6 @@ inline FlatUnit sliceUnit(int shards, int shard, int64_t padded) {
   unit.slice = torch::empty({unit.chunk});
   unit.gradSlice = torch::empty({unit.chunk});
   return unit;
-}
-
-inline std::string tempDir(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() /
-           (name + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
-  std::filesystem::create_directories(d);
-  return d.string();
 }
 
 // A token file with learnable structure: repeated short random "words".

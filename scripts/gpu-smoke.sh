@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU verification (issue 20): on a machine that has a CUDA PyTorch (its
+# One prepared GPU verification: on a machine that has a CUDA PyTorch (its
 # LibTorch and NCCL), CMake, ninja and nvcc but none of this project's Debian -dev
 # packages and no network, build edit-train/edit-run and run them with NCCL; print
 # tokens/s, MFU, the synchronization's share of the step time and peak GPU memory.
@@ -283,115 +283,10 @@ run_one() {
 }
 
 # ------------------------------------------------------------------ the report
-report() {
-  python3 - "$1" "$2" <<'PY'
-import glob, json, os, sys
-
-work, outmd = sys.argv[1], sys.argv[2]
-# Dense peaks in TFLOPS (vendor data sheets): bf16 tensor cores, and plain fp32 (this
-# runtime computes in fp32, and LibTorch leaves TF32 off for matmuls by default).
-PEAKS = [("H200 NVL", 835.0, 60.0), ("H200", 989.4, 66.9), ("H100 NVL", 835.0, 60.0),
-         ("H100 PCIe", 756.0, 51.2), ("H100", 989.4, 66.9), ("A100", 312.0, 19.5)]
-env = {}
-if os.path.exists(os.path.join(work, "env.json")):
-    env = json.load(open(os.path.join(work, "env.json")))
-gpu = env.get("gpu_name", "")
-peak = next(((b, f) for n, b, f in PEAKS if n in gpu), None)
-
-def summaries(d):
-    out, progress = [], {}
-    for f in sorted(glob.glob(os.path.join(d, "rank-*.log"))):
-        for line in open(f, errors="replace"):
-            if line.startswith("@edit-summary "):
-                out.append(json.loads(line[14:]))
-            elif line.startswith("@edit "):
-                j = json.loads(line[6:])
-                progress.setdefault(j["rank"], []).append(j)
-    return out, progress
-
-def human(v, unit=""):
-    for s, k in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if v >= k:
-            return f"{v / k:.2f}{s}{unit}"
-    return f"{v:.0f}{unit}"
-
-rows = []
-for line in open(os.path.join(work, "runs.tsv")):
-    name, nproc, shards, rc, wall, verdict, note = line.rstrip("\n").split("\t")
-    nproc, shards = int(nproc), int(shards)
-    s, prog = summaries(os.path.join(work, name)) if rc != "-" else ([], {})
-    r = {"name": name, "layout": f"{nproc // shards}x{shards}", "rc": rc, "wall": wall,
-         "verdict": verdict, "note": note}
-    if len(s) == nproc:
-        # Steady state: the progress reports after the first (which includes start-up).
-        steady = 0.0
-        for rank, ps in prog.items():
-            tail = [p["tps"] for p in ps[1:]] or [p["tps"] for p in ps]
-            steady += sorted(tail)[len(tail) // 2]
-        whole = sum(x["tps"] for x in s)
-        fpt = s[0]["flops_per_token"]
-        gpus = len({x.get("device", "cpu") for x in s}) if s[0].get("device", "cpu") != "cpu" else 0
-        stepT = max(x["step_seconds_total"] for x in s)
-        syncWork = max(x["sync_work_seconds"] / max(1e-9, x["step_seconds_total"]) for x in s)
-        syncWait = max(sum(c["wait"] for c in x["comm"] if c["op"] == "sync") / max(1e-9, x["step_seconds_total"])
-                       for x in s)
-        first = prog.get(0, [{}])[0].get("loss")
-        r.update(steps=s[0]["steps"], steady=steady, whole=whole, params=s[0]["params"],
-                 flops=steady * fpt, gpus=gpus, syncWork=syncWork, syncWait=syncWait,
-                 first=first, loss=s[0]["loss"], val=s[0]["val_loss"],
-                 alloc=max(x.get("peak_gpu_allocated_bytes", -1) for x in s),
-                 reserved=max(x.get("peak_gpu_reserved_bytes", -1) for x in s), stepT=stepT)
-    rows.append(r)
-
-L = []
-L.append("# GPU smoke run (scripts/gpu-smoke.sh)\n")
-for k, label in (("when", "when"), ("gpu_name", "GPU"), ("gpu_count", "GPUs"), ("driver", "driver"),
-                 ("torch", "PyTorch (LibTorch)"), ("cuda", "CUDA (PyTorch's)"), ("nccl", "NCCL"),
-                 ("nvcc", "nvcc"), ("cxx", "C++ compiler"), ("cmake", "CMake"), ("build", "build"),
-                 ("carried", "carried dependencies")):
-    if env.get(k) not in (None, ""):
-        L.append(f"- {label}: {env[k]}")
-if peak:
-    L.append(f"- MFU against {gpu}'s dense peaks: bf16 {peak[0]:g} TFLOPS, fp32 {peak[1]:g} TFLOPS "
-             "(the runtime computes in fp32; TF32 is off)")
-else:
-    L.append("- MFU: no peak known for this device" + (f" ({gpu})" if gpu else ""))
-L.append("")
-L.append("| run | layout | exit | wall s | steps | tok/s steady | tok/s whole run | model TFLOPS | MFU bf16 | MFU fp32 "
-         "| sync work / step time | sync wait / step time | peak GPU alloc / reserved | loss first -> last (val) | result |")
-L.append("|" + " --- |" * 15)
-for r in rows:
-    if "steady" not in r:
-        L.append(f"| {r['name']} | {r['layout']} | {r['rc']} | {r['wall']} | | | | | | | | | | | {r['verdict']}: {r['note']} |")
-        continue
-    g = max(1, r["gpus"])
-    mfu = (lambda p: f"{100 * r['flops'] / (p * 1e12 * g):.1f}%") if peak and r["gpus"] else (lambda p: "n/a")
-    mem = f"{human(r['alloc'], 'B')} / {human(r['reserved'], 'B')}" if r["alloc"] >= 0 else "n/a (CPU)"
-    loss = f"{r['first']:.3f} -> {r['loss']:.3f} ({r['val']:.3f})" if r["first"] is not None and r["loss"] is not None else ""
-    L.append(f"| {r['name']} | {r['layout']} | {r['rc']} | {r['wall']} | {r['steps']} | {human(r['steady'])} | "
-             f"{human(r['whole'])} | {r['flops'] / 1e12:.2f} | {mfu(peak[0] if peak else 1)} | {mfu(peak[1] if peak else 1)} | "
-             f"{100 * r['syncWork']:.1f}% | {100 * r['syncWait']:.1f}% | {mem} | {loss} | {r['verdict']}: {r['note']} |")
-L.append("")
-L.append("- tok/s steady: the median of each rank's progress reports after the first (start-up excluded), summed "
-         "over ranks; whole run: tokens / wall time of the worker, start-up and validation included.")
-L.append("- model TFLOPS = steady tok/s x FLOPs per token (6 x matmul parameters + causal attention); "
-         "MFU divides by the peak x GPUs used.")
-L.append("- sync work: the layer-wise (EDiT) or whole-model synchronization tasks, timed on the host on the "
-         "communication thread (kernels queued on the side stream; norms read back, so mostly complete); "
-         "sync wait: what the training thread blocked on them. Both over the sum of step times, largest rank.")
-one = [r for r in rows if r["name"] == "nccl-2-ranks-1-gpu"]
-if one:
-    log = open(os.path.join(work, "nccl-2-ranks-1-gpu", "edit-run.out"), errors="replace").read()
-    said = next((l.strip() for l in log.splitlines() if "Duplicate GPU" in l or "invalid usage" in l.lower()), "")
-    L.append(f"- Several ranks on one GPU: {one[0]['verdict']} (exit {one[0]['rc']})"
-             + (f"; NCCL said: `{said[:200]}`" if said else "") +
-             ". NCCL refuses two ranks of one communicator on the same GPU, so with one GPU the runs above "
-             "are one rank: NCCL's collectives are not exercised (groups of one rank are skipped), the CUDA "
-             "side stream, its events and the pinned outer state are. Several GPUs run the 2x1/2x2 rows.")
-open(outmd, "w").write("\n".join(L) + "\n")
-print("\n".join(L))
-PY
-}
+# The Python parts (scripts/gpu_smoke_report.py) read the workers' lines with the
+# project's own parser (tests/pylib/edit_testing): standard library only.
+py() { PYTHONPATH=$root/tests/pylib${PYTHONPATH:+:$PYTHONPATH} python3 "$root/scripts/gpu_smoke_report.py" "$@"; }
+report() { py report "$1" "$2"; }
 
 # ------------------------------------------------------------------ main
 case $mode in
@@ -431,30 +326,8 @@ fi
 [ -f "$carry/MANIFEST" ] || die "no carried dependencies in $carry: run scripts/gpu-smoke.sh --prepare where Debian's mirror is reachable and copy $carry here"
 rm -rf "$work"  # nothing of an earlier run may reach this report
 mkdir -p "$work" "$out"
-python3 - "$work/env.json" "$cpu" "$carry" <<'PY' || die "python3 with torch is needed"
-import datetime, json, platform, subprocess, sys
-out, cpu, carry = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
-import torch
-def cmd(c):
-    try:
-        return subprocess.run(c, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception:
-        return ""
-e = {"when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-     "torch": f"{torch.__version__} (C++ ABI {'new' if torch._C._GLIBCXX_USE_CXX11_ABI else 'old'})",
-     "cuda": str(torch.version.cuda), "cmake": cmd("cmake --version | head -1"),
-     "cxx": cmd("c++ --version | head -1"), "nvcc": cmd("nvcc --version | tail -2 | head -1"),
-     "carried": " ".join(open(carry + "/MANIFEST").read().split())}
-if not cpu:
-    if not torch.cuda.is_available():
-        sys.exit("gpu-smoke: torch.cuda.is_available() is False")
-    e.update(gpu_name=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
-             nccl=".".join(map(str, torch.cuda.nccl.version())),
-             driver=cmd("nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1"))
-json.dump(e, open(out, "w"))
-print("gpu-smoke:", ", ".join(f"{k} {v}" for k, v in e.items()))
-PY
-gpus=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("gpu_count", 1))' "$work/env.json")
+py env "$work/env.json" "$cpu" "$carry" || die "python3 with torch is needed"
+gpus=$(py gpus "$work/env.json")
 t0=$SECONDS
 if [ $noBuild = 0 ]; then
   configure
@@ -466,13 +339,7 @@ else
   [ -x "$build/runtime/edit-run" ] && [ -x "$build/runtime/edit-train" ] || die "--no-build: no edit-run/edit-train in $build/runtime"
 fi
 buildSecs=$((SECONDS - t0))
-python3 - "$work/env.json" "$buildSecs" "$jobs" "$noBuild" "$torchRoute" <<'PY'
-import json, sys
-e = json.load(open(sys.argv[1]))
-e["build"] = (f"edit-train, edit-run, edit-data in {sys.argv[2]} s with {sys.argv[3]} jobs (-DEDIT_MINIMAL=ON; {sys.argv[5]})"
-              if sys.argv[4] == "0" else "existing binaries (--no-build)")
-json.dump(e, open(sys.argv[1], "w"))
-PY
+py build-info "$work/env.json" "$buildSecs" "$jobs" "$noBuild" "$torchRoute"
 echo "gpu-smoke: built in $buildSecs s"
 
 if ! [ -s "$data/train.bin" ] || ! [ -s "$data/val.bin" ]; then

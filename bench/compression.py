@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""int8 and int4 sync compression (algorithm.syncCompression, issue 18) against fp32, and int8
+"""int8 and int4 sync compression (algorithm.syncCompression) against fp32, and int8
 with the overlapped round (algorithm.overlapSteps): bytes sent per rank in the sync group per
 sync round, validation loss at equal tokens, and, as root, the 20 Mbit/s replica link of
 bench/run.py (blocked share and steady tokens/s).
@@ -49,7 +49,7 @@ def parse(argv):
                         "at which fp32 is blocked --auto-share of a local phase on this machine, from a "
                         "short fp32 calibration run over the same link")
     p.add_argument("--auto-share", type=float, default=0.53,
-                   help="fp32's blocked share that --link-taus auto aims at (0.53: issue 18's baseline)")
+                   help="fp32's blocked share that --link-taus auto aims at (0.53: where the int8 link targets were set)")
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--tau", type=int, default=8)
     p.add_argument("--batch", type=int, default=4)
@@ -157,7 +157,7 @@ def auto_tau(a, tmp, ns, share):
     """The tau at which fp32's rounds are `share` of a local phase over this link on this
     machine: R / (tau c + R) = share, with R (blocked seconds per round) and c (seconds
     per local step) from a short fp32 run at tau 16. The link scenario then sits where
-    issue 18 measured its baseline, whatever this CPU's speed (docs/algorithm.md,
+    the int8 link targets were set, whatever this CPU's speed (docs/algorithm.md,
     "Choosing tau and overlapSteps for a slow link")."""
     r = one(a, tmp, "4x1", "none", a.warmup + 6 * 16, ns, 16, tag="calibration")
     R = r["sync_wait_s"] / max(1, r["syncs"])
@@ -212,7 +212,7 @@ def main(argv):
 
     with open(os.path.join(out, "compression.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
-    L = ["# int8 and int4 sync compression, and the overlapped round, against fp32 (issue 18)", "",
+    L = ["# int8 and int4 sync compression, and the overlapped round, against fp32", "",
          f"tiny preset, Brown corpus, edit, batch {a.batch} x seq {a.seq} per worker, warm-up {a.warmup}, "
          f"tau {a.tau}, block 256; {'one run' if a.seeds == 1 else f'{a.seeds} seeds'} each on a shared 2-core machine "
          f"({datetime.datetime.now():%Y-%m-%d %H:%M}). `python3 bench/compression.py`.", "",
@@ -242,7 +242,7 @@ def main(argv):
               "order): the mean validation loss, and the mean difference from none, each seed against "
               "its own none run (min to max in brackets, and the normal 95% interval of the mean: "
               "mean +- 1.96 standard errors)."]
-    L += ["", "Targets (issue 18): int8 bytes <= 30% of none; validation loss within 0.5%. "
+    L += ["", "Targets: int8 bytes <= 30% of none; validation loss within 0.5%. "
           f"int8+overlap: int8 with algorithm.overlapSteps = {overlap_steps(a.tau)} (the round's "
           "exchange runs during that many local steps and its outer step lands then).", ""]
     L += ["## 20 Mbit/s replica link (4x1, bench/run.py's netns + tbf)", ""]
@@ -254,8 +254,8 @@ def main(argv):
             L += [f"tau {t['tau']} is `--link-taus auto`: a calibration run of fp32 at tau 16 measured "
                   f"R = {t['R']:.2f} s blocked per round and c = {t['c']:.3f} s per local step, and "
                   f"R / (tau c + R) = {100 * t['share']:.0f}% gives tau = {t['tau']}. That is fp32's "
-                  "blocked share where issue 18 measured its baseline, so the scenario keeps the ratio of "
-                  "link time to compute that the issue's targets were set at, on any CPU.", ""]
+                  "blocked share where the link targets were set, so the scenario keeps the ratio of "
+                  "link time to compute they were set at, on any CPU.", ""]
         L += [
               "| tau | codec | blocked (whole run) | blocked after warm-up | steady tok/s | of none | tok/s (whole run) | val loss | syncs |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -267,7 +267,7 @@ def main(argv):
                 L.append(f"| {tau} | {c} | {100 * r['blocked_frac']:.1f}% | {'-' if bs is None else f'{100 * bs:.1f}%'} | "
                          f"{fmt(r.get('tps_steady'), 0)} | {'-' if ratio is None else f'{ratio:.2f}x'} | {r['tps']:.0f} | "
                          f"{r['val_loss']:.4f} | {r['syncs']} |")
-        L += ["", "Targets (issue 18, int8): blocked <= 20%, steady tokens/s >= 1.5x none."]
+        L += ["", "Targets (int8): blocked <= 20%, steady tokens/s >= 1.5x none."]
     else:
         L.append(f"Not run: {link or '--no-link'}.")
     with open(os.path.join(out, "compression.md"), "w") as f:

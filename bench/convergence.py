@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does EDiT learn as well as DDP, and does its penalty protect training (issue 14)?
+"""Does EDiT learn as well as DDP, and does its penalty protect training?
 
 Two scenarios, each run the way bench/run.py runs its workers (edit-train started by this
 driver, 4 workers, the tiny preset on the Brown corpus):
@@ -301,7 +301,7 @@ def write_report(out, a, results, rounds, bad_at, started, finished, tps):
               f"{r['outer_skips'] if local else '–'} | {r['val_loss']:.4f} | "
               f"{fmt(pct(r['val_loss'], ddp), 2, '%') if label != 'ddp' else '–'} | {r['wall_s']:.0f} |")
         A("")
-        A("Targets (issue 14): edit within 1% of ddp at equal tokens, and below localsgd and diloco.")
+        A("Targets: edit within 1% of ddp at equal tokens, and below localsgd and diloco.")
         A("")
         for layout in LAYOUTS:
             g = lambda m: conv.get((layout, "convergence", m), {}).get("val_loss")  # noqa: E731

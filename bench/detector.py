@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The anomaly detector's update rule, simulated (docs/algorithm.md, "The penalty").
 
-The runtime's EWMA z-test must not lock out (issue 14). Three rules for what the
-statistics do with a norm they flag:
+The runtime's EWMA z-test must not lock out (flag a lasting shift forever). Three rules
+for what the statistics do with a norm they flag:
 
-  skip     do not update (the runtime before issue 14): a lasting shift is flagged forever
+  skip     do not update (the runtime's first rule): a lasting shift is flagged forever
   clamp    update with min(g, mean + z sigma) (a winsorized EWMA; what the runtime does now)
   always   update with g whatever the verdict (ATorch)
 

@@ -1,4 +1,4 @@
-"""The benchmark report: results.md (tables, the targets of issue 6) and the gnuplot PNGs."""
+"""The benchmark report: results.md (tables, the sweep's targets as measured) and the gnuplot PNGs."""
 
 import os
 import shutil
@@ -198,7 +198,7 @@ def write_report(out, args, cfg_common, results, gemm, links, skipped, started, 
         for s in skipped:
             A(f"- {s}")
         A("")
-    A("## Targets (issue 6), as measured")
+    A("## Targets, as measured")
     A("")
     for t in targets(results, gemm, prefetch):
         A(f"- {t}")

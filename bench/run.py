@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""EDiT benchmark driver (issue 6). Python 3 standard library only.
+"""EDiT benchmark driver. Python 3 standard library only.
 
 Runs the `tiny` preset on the Brown corpus with 4 workers in two layouts (4 replicas x 1
 shard and 2 replicas x 2 shards), every mode (ddp, localsgd, diloco, edit, a-edit) in every

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The EDiT benchmark sweep (issue 6): bench/run.sh [--quick] [options]; see bench/README.md
+# The EDiT benchmark sweep: bench/run.sh [--quick] [options]; see bench/README.md
 # and `bench/run.sh --help`. Needs build/runtime/edit-train and build/bench/edit-gemm-bench
 # (ninja -C build edit-train edit-gemm-bench); root for the limited-link scenarios.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ASan + UBSan unit tests and bounded libFuzzer runs (issue 7; tests/fuzz/README.md).
+# ASan + UBSan unit tests and bounded libFuzzer runs (tests/fuzz/README.md).
 #
 #   scripts/ci-sanitize.sh                 # what CI runs
 #   FUZZ_SECONDS=600 scripts/ci-sanitize.sh --fuzz-only    # fuzz longer, skip the unit tests

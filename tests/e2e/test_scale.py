@@ -1,4 +1,4 @@
-"""Elastic replicas on the stand-in with real kubectl (issue #17): `kubectl scale ej/NAME
+"""Elastic replicas on the stand-in with real kubectl: `kubectl scale ej/NAME
 --replicas=M` on a running job grows and shrinks it in place (no worker restarts, no
 checkpoint read), a new pod that dies during the join leaves the job at its old size, and
 a scale of a suspended job applies when it resumes (from a checkpoint written with the

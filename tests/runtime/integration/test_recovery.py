@@ -233,7 +233,7 @@ class Recovery(unittest.TestCase):
                 self.assertIn("recovered in place (generation 1", f.read(), f"rank {r}")
 
     def test_connection_lost_during_the_state_copy_is_retried(self):
-        # Issue 19's race: a survivor loses a connection while the replacement arrives and
+        # A race the soak found: a survivor loses a connection while the replacement arrives and
         # copies its state. Here rank 1, the source of shard 1's outer state for rank 3's
         # replacement, drops its groups in the middle of its first copy (a test hook), as
         # when another rank fails or leaves at that moment. Every rank of that generation

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -19,8 +20,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -408,11 +411,33 @@ bool spawn(Worker& w, const Options& o, const std::string& bin, int port, const 
 
 }  // namespace
 
+// 32 random bytes, hex.
+static std::string storeSecret() {
+  unsigned char raw[32];
+  size_t got = 0;
+  while (got < sizeof(raw)) {
+    const ssize_t n = ::getrandom(raw + got, sizeof(raw) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      std::perror("edit-run: getrandom");
+      std::exit(1);
+    }
+    got += static_cast<size_t>(n);
+  }
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) out += {digits[c >> 4], digits[c & 15]};
+  return out;
+}
+
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const std::string bin = workerBinary();
   const std::string coreType = edit::blasCoreType();
   const int port = o.masterPort > 0 ? o.masterPort : freePort();
+  // The job store's secret (docs/job-store.md): a fresh one per run, inherited by every
+  // worker, so a worker of another run on this port is refused instead of joining.
+  ::setenv("EDIT_STORE_SECRET", storeSecret().c_str(), 1);
   // One slot per rank of the largest world the job reaches (--scale-at).
   int maxReplicas = o.nproc / o.shards, replicas = o.nproc / o.shards;
   for (const auto& p : o.scaleAt) maxReplicas = std::max(maxReplicas, p.replicas);

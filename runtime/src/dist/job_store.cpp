@@ -1,10 +1,27 @@
 #include "dist/job_store.h"
 
+#include <cstdlib>
+#include <iostream>
+
 namespace edit {
 
 c10::intrusive_ptr<JobStore> JobStore::host(int port, std::chrono::milliseconds timeout) {
+  KvServer::Options options;
+  for (const char* name : {"EDIT_BIND_ADDR", "POD_IP"}) {
+    const char* v = std::getenv(name);
+    if (v && *v) {
+      options.bindHost = v;
+      break;
+    }
+  }
+  options.auth = KvAuth::fromEnvironment();
+  if (!options.auth.hasSecret)
+    std::cerr << "store: no secret (EDIT_STORE_SECRET and EDIT_TELEMETRY_TOKEN are unset): any process that "
+                 "reaches port "
+              << port << " can use job " << options.auth.job << "'s store (edit-run and the operator set one)"
+              << std::endl;
   auto s = c10::make_intrusive<JobStore>(timeout);
-  s->server_ = std::make_shared<KvServer>(port, timeout);
+  s->server_ = std::make_shared<KvServer>(port, timeout, options);
   return s;
 }
 
@@ -12,7 +29,7 @@ c10::intrusive_ptr<JobStore> JobStore::connect(const std::string& host, int port
                                                std::chrono::milliseconds connectTimeout,
                                                std::chrono::milliseconds timeout) {
   auto s = c10::make_intrusive<JobStore>(timeout);
-  s->client_ = std::make_unique<KvClient>(host, port, connectTimeout, timeout);
+  s->client_ = std::make_unique<KvClient>(host, port, connectTimeout, timeout, KvAuth::fromEnvironment());
   s->host_ = host;
   s->port_ = port;
   return s;

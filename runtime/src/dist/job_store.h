@@ -18,10 +18,13 @@ namespace edit {
 
 class JobStore : public c10d::Store {
  public:
-  // Hosts the store on port (every interface). Waits up to `timeout` for the port to be
-  // free: a rank 0 that replaces one still exiting gets it once the old one is gone.
+  // Hosts the store on port, at the pod's own address (EDIT_BIND_ADDR, else POD_IP; every
+  // interface when neither is set), for the job and secret of KvAuth::fromEnvironment().
+  // Waits up to `timeout` for the port to be free: a rank 0 that replaces one still
+  // exiting gets it once the old one is gone.
   static c10::intrusive_ptr<JobStore> host(int port, std::chrono::milliseconds timeout);
-  // A client of the store at host:port; retries for connectTimeout while it is not up.
+  // A client of the store at host:port, with KvAuth::fromEnvironment(); retries for
+  // connectTimeout while it is not up. A store of another job or secret: KvRefused.
   static c10::intrusive_ptr<JobStore> connect(const std::string& host, int port,
                                               std::chrono::milliseconds connectTimeout,
                                               std::chrono::milliseconds timeout);

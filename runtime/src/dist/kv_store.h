@@ -1,5 +1,6 @@
 // The job's key-value store: the rendezvous and process-group bootstrap channel that
-// rank 0 hosts at MASTER_ADDR:MASTER_PORT (docs/replica-recovery.md).
+// rank 0 hosts at MASTER_ADDR:MASTER_PORT (docs/replica-recovery.md; the protocol, its
+// limits and the handshake: docs/job-store.md).
 //
 // Our own, not c10d's TCPStore, because of how a client must behave when rank 0 goes
 // away mid-job. LibTorch 1.13's TCPStore client keeps a second connection served by a
@@ -9,12 +10,20 @@
 // thread, and a lost server is a KvError from the call that noticed it, which the
 // recovery handles like any lost peer.
 //
+// The server is one thread with an epoll loop, whatever the number of clients: a thread
+// per connection would carry LibTorch's large static TLS each, and rank 0 would grow with
+// every recovery. Every connection starts with a handshake that names the job and proves
+// the job's secret (HMAC-SHA256 challenge-response, both ways); every frame is bounded
+// before anything is allocated for it and must arrive within a deadline.
+//
 // Plain C++ and POSIX sockets, no LibTorch: the c10d::Store adapter is dist/job_store.*.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +42,52 @@ class KvError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The store refused this client for good: another job's store, a wrong secret, another
+// protocol. Retrying cannot help, so the client does not (unlike a store not up yet).
+class KvRefused : public KvError {
+ public:
+  using KvError::KvError;
+};
+
+// Bounds on what one client may make the server hold. The defaults follow PyTorch's
+// TCPStore (libuv backend: 8 KiB keys, 8 MiB values, 128 Ki keys per request).
+struct KvLimits {
+  uint32_t maxKeyBytes = 8u << 10;
+  uint32_t maxValueBytes = 8u << 20;
+  uint32_t maxKeysPerRequest = 128u << 10;
+  // A compare-and-set carries two values and a key.
+  uint32_t maxFrameBytes = (16u << 20) + (64u << 10);
+  // Before the handshake: a hello is a job name and a nonce.
+  uint32_t maxHelloBytes = 1024;
+  // Open connections; more are answered "busy" and closed (clients retry until their
+  // connect timeout). RLIMIT_NOFILE may bind first: a 4096-rank rendezvous needs 4096.
+  int maxConnections = 16384;
+  // From a frame's first byte to its last, and for a reply to leave.
+  std::chrono::milliseconds frameTimeout{10000};
+  // From accept to a proven secret.
+  std::chrono::milliseconds handshakeTimeout{10000};
+};
+
+// Who may use a store: the job's identity ("namespace/name") and a 32-byte key derived
+// from the job's secret. Both sides must agree on both.
+struct KvAuth {
+  std::string job;
+  std::array<uint8_t, 32> key{};
+  bool hasSecret = false;
+
+  // The key is HMAC-SHA256(secret, "edit job store v1"): the store never uses the raw
+  // secret, which is also the job's telemetry token. An empty secret gives a fixed key
+  // (no authentication; edit-train started by hand).
+  static KvAuth make(const std::string& job, const std::string& secret);
+  // EDIT_NAMESPACE/EDIT_JOB (defaults "default"/"local", what the worker's telemetry
+  // uses); the secret from EDIT_STORE_SECRET (edit-run makes one per run) or else
+  // EDIT_TELEMETRY_TOKEN (the job's Secret on a cluster).
+  static KvAuth fromEnvironment();
+};
+
+// HMAC-SHA256 (RFC 2104, FIPS 180-4), here so the runtime needs no crypto library.
+std::array<uint8_t, 32> hmacSha256(const uint8_t* key, size_t keyLen, const uint8_t* msg, size_t msgLen);
 
 // The operations c10d's process groups and our rendezvous use, with TCPStore's semantics.
 class KvOps {
@@ -56,6 +111,8 @@ class KvOps {
 // the server (rank 0) calls it directly.
 class KvTable : public KvOps {
  public:
+  explicit KvTable(const KvLimits& limits = {}) : limits_(limits) {}
+  // A value over limits.maxValueBytes is a KvError, from the host as from a client.
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
@@ -64,24 +121,111 @@ class KvTable : public KvOps {
   bool deleteKey(const std::string& key) override;
   int64_t numKeys() override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  // The value if the key exists, without waiting (the server's gets).
+  bool tryGet(const std::string& key, Bytes* value);
   // Ends every blocked get/wait with a KvError (the server is stopping).
   void stop();
+  // Called with each key that was written, after the write (any thread).
+  void setOnChange(std::function<void(const std::string&)> f);
 
  private:
   bool allPresent(const std::vector<std::string>& keys) const;
+  void changed(const std::string& key);
+  void checkValue(const std::string& key, const Bytes& value) const;
+  KvLimits limits_;
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, Bytes> data_;
   bool stopped_ = false;
+  std::mutex hookMu_;
+  std::function<void(const std::string&)> onChange_;
 };
 
-// Listens on port (all interfaces, IPv6 and IPv4) and serves the table, one thread per
-// connection. Stopping closes every connection: clients see KvError on their next call.
+// One client connection's side of the protocol, without sockets: bytes in, reply bytes
+// out, and the time. The server's loop drives one per connection; the fuzzer drives it
+// directly. Never throws for anything a client sends.
+class KvSession {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Frame statuses (the first byte of a reply's body).
+  enum Status : uint8_t { kOk = 0, kError = 1, kRefused = 2, kBusy = 3 };
+
+  KvSession(KvTable& table, const KvAuth& auth, const KvLimits& limits, Clock::time_point now);
+  // For the fuzzer: a session past its handshake.
+  static KvSession authenticated(KvTable& table, const KvAuth& auth, const KvLimits& limits, Clock::time_point now);
+  // A session that only says "busy" and closes (the server is at maxConnections).
+  static KvSession busy(KvTable& table, const KvLimits& limits, int connections, Clock::time_point now);
+
+  // Bytes the client sent; answers what it can.
+  void received(const uint8_t* data, size_t n, Clock::time_point now);
+  // The table changed, output drained or time passed: goes on where it stopped.
+  void pump(Clock::time_point now);
+  // Reply bytes not sent yet; the server calls consumed() with what it sent.
+  const uint8_t* output() const { return out_.data() + outOff_; }
+  size_t outputSize() const { return out_.size() - outOff_; }
+  void consumed(size_t n, Clock::time_point now);
+
+  // More input is useful now (false while a complete request waits for its turn).
+  bool wantsRead() const;
+  // Send what is left, then close; closeReason() says why.
+  bool closing() const { return closing_; }
+  const std::string& closeReason() const { return closeReason_; }
+  bool isAuthenticated() const { return state_ == State::Ready; }
+  // A get/wait that waits for keys (empty: none pending), and the key it waits for now
+  // (the server wakes the session when that key is written).
+  const std::vector<std::string>& waitingFor() const { return waitKeys_; }
+  const std::string& waitKey() const;
+  // When pump() must run next at the latest (time_point::max(): no deadline).
+  Clock::time_point deadline() const;
+
+ private:
+  enum class State { Hello, Proof, Ready };
+  void handleFrame(const uint8_t* body, size_t n, Clock::time_point now);
+  void handleHello(const uint8_t* body, size_t n);
+  void handleProof(const uint8_t* body, size_t n);
+  void handleRequest(const uint8_t* body, size_t n, Clock::time_point now);
+  bool finishWait(Clock::time_point now);  // true when the pending wait ended
+  void reply(Status status, const Bytes& payload);
+  void replyText(Status status, const std::string& message);
+  void refuse(const std::string& message);  // refused reply, then close
+  void close(const std::string& reason);
+
+  KvTable* table_;
+  KvAuth auth_;
+  KvLimits limits_;
+  State state_ = State::Hello;
+  Bytes in_;
+  size_t inOff_ = 0;
+  Bytes out_;
+  size_t outOff_ = 0;
+  bool closing_ = false;
+  std::string closeReason_;
+  std::array<uint8_t, 32> clientNonce_{}, serverNonce_{};
+  Clock::time_point handshakeDeadline_, frameDeadline_, sendDeadline_;
+  // A pending get (waitIsGet_) or wait.
+  std::vector<std::string> waitKeys_;
+  bool waitIsGet_ = false;
+  size_t waitNext_ = 0;  // waitKeys_ before it were present
+  int64_t waitMs_ = 0;
+  Clock::time_point waitDeadline_;
+  Clock::time_point now_;
+};
+
+// Serves the table on port, one thread for every connection (epoll). Listens on
+// options.bindHost, or on every interface (IPv6 and IPv4) when it is empty. Stopping
+// closes every connection: clients see KvError on their next call.
+struct KvServerOptions {
+  std::string bindHost;  // an address of this host ("" = all interfaces)
+  KvAuth auth = KvAuth::make("", "");
+  KvLimits limits;
+};
+
 class KvServer {
  public:
+  using Options = KvServerOptions;
   // Throws KvError when the port stays taken for bindTimeout (a previous host still
   // exiting releases it within that).
-  KvServer(int port, std::chrono::milliseconds bindTimeout);
+  KvServer(int port, std::chrono::milliseconds bindTimeout, Options options = Options());
   ~KvServer();
   KvServer(const KvServer&) = delete;
   KvServer& operator=(const KvServer&) = delete;
@@ -90,29 +234,28 @@ class KvServer {
   KvTable& table() { return table_; }
   // Connections currently open (tests: who is connected).
   int connections() const;
+  // Clients refused so far (another job, a wrong secret, a malformed hello).
+  int64_t refusals() const;
+  // Threads this server runs (one; tests).
+  static constexpr int threads() { return 1; }
 
  private:
-  void acceptLoop();
-  void serve(int fd);
-
+  struct Loop;
   KvTable table_;
   int port_ = 0;
-  int listenFd_ = -1;
-  int wakeFd_[2] = {-1, -1};
-  std::thread acceptor_;
-  mutable std::mutex mu_;
-  std::vector<int> clients_;
-  std::vector<std::thread> workers_;
-  bool stopping_ = false;
+  std::unique_ptr<Loop> loop_;
+  std::thread thread_;
 };
 
 // A connection to a KvServer. Not thread-safe on its own (JobStore serializes calls).
 class KvClient : public KvOps {
  public:
-  // Retries refused connections and unresolvable names until connectTimeout; `timeout`
-  // bounds each later reply (beyond a get/wait's own timeout).
+  // Retries refused connections, unresolvable names and a busy or silent store until
+  // connectTimeout; a store that refuses this client (another job, a wrong secret) is a
+  // KvRefused at once. `timeout` bounds each later reply (beyond a get/wait's own timeout).
   KvClient(const std::string& host, int port, std::chrono::milliseconds connectTimeout,
-           std::chrono::milliseconds timeout);
+           std::chrono::milliseconds timeout, const KvAuth& auth = KvAuth::make("", ""),
+           const KvLimits& limits = {});
   ~KvClient() override;
   KvClient(const KvClient&) = delete;
   KvClient& operator=(const KvClient&) = delete;
@@ -129,6 +272,8 @@ class KvClient : public KvOps {
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
 
  private:
+  // The handshake on a fresh connection; throws KvRefused, or KvError to retry.
+  void handshake(int fd);
   // Sends one request and returns the reply's payload; `wait` is how long the server
   // may hold the reply back (a get or wait), on top of the reply timeout.
   Bytes call(const Bytes& request, std::chrono::milliseconds wait = std::chrono::milliseconds(0));
@@ -138,6 +283,8 @@ class KvClient : public KvOps {
   int port_;
   int fd_ = -1;
   std::chrono::milliseconds timeout_;
+  KvAuth auth_;
+  KvLimits limits_;
 };
 
 }  // namespace edit

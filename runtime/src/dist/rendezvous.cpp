@@ -118,6 +118,8 @@ void Rendezvous::rejoin(double timeoutSeconds, const std::atomic<bool>& cancel) 
       return;
     } catch (const PeerLost&) {
       throw;
+    } catch (const KvRefused&) {
+      throw;  // another job's store, or a wrong secret: waiting cannot help
     } catch (const std::exception&) {
       // The store went after we reached it: connect again.
     }
@@ -139,6 +141,8 @@ void Rendezvous::reconnect(double deadline, const std::atomic<bool>& cancel) {
     try {
       store_ = openClient(1);
       return;
+    } catch (const KvRefused&) {
+      throw;
     } catch (const std::exception& e) {
       last = e.what();
     }
@@ -154,6 +158,8 @@ void Rendezvous::join(double timeoutSeconds, const std::atomic<bool>& cancel) {
   try {
     waitForOpenGeneration(deadline, cancel);
   } catch (const PeerLost&) {
+    throw;
+  } catch (const KvRefused&) {
     throw;
   } catch (const std::exception& e) {
     // The caller (Trainer::joinRunningJob) goes round again until its deadline.

@@ -6,7 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <vector>
 #include <cstring>
 #include <stdexcept>
 
@@ -39,10 +42,10 @@ PlainServer::PlainServer(const std::string& host, int port, Handler handler)
   const std::string where = host_ + ":" + std::to_string(port);
   if (getaddrinfo(host_.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
     throw std::runtime_error("http: cannot resolve " + where);
-  fd_ = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  fd_ = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   int one = 1;
   if (fd_ >= 0) setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (fd_ < 0 || bind(fd_, res->ai_addr, res->ai_addrlen) != 0 || listen(fd_, 16) != 0) {
+  if (fd_ < 0 || bind(fd_, res->ai_addr, res->ai_addrlen) != 0 || listen(fd_, 64) != 0) {
     const std::string err = std::strerror(errno);
     freeaddrinfo(res);
     if (fd_ >= 0) close(fd_);
@@ -70,24 +73,43 @@ static const char* reason(int status) {
     case 200: return "OK";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 431: return "Request Header Fields Too Large";
     case 503: return "Service Unavailable";
     default: return "Error";
   }
 }
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Conn {
+  int fd = -1;
+  std::string in;
+  std::string out;
+  size_t sent = 0;
+  bool responding = false;
+  bool done = false;
+  Clock::time_point deadline;
+  Clock::time_point accepted;
+};
+
+// The request is in: its headers ended, or the client closed after the request line.
+bool requestComplete(const std::string& in, bool eof) {
+  if (in.find("\r\n\r\n") != std::string::npos || in.find("\n\n") != std::string::npos) return true;
+  return eof && in.find('\n') != std::string::npos;
+}
+
+}  // namespace
+
 void PlainServer::serve() {
-  while (!stop_) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
-    timeval tv{2, 0};
-    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    char buf[2048];
-    const ssize_t n = recv(c, buf, sizeof buf - 1, 0);
-    const std::string req(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  std::vector<Conn> conns;
+  auto respond = [&](Conn& c, Clock::time_point now) {
     Response r{404, "text/plain; charset=utf-8", "not found\n"};
-    if (req.rfind("GET ", 0) == 0) {
+    const std::string& req = c.in;
+    if (req.size() > kMaxRequestBytes) {
+      r = {431, "text/plain; charset=utf-8", "request too large\n"};
+    } else if (req.rfind("GET ", 0) == 0) {
       const auto end = req.find_first_of(" ?\r\n", 4);
       try {
         r = handler_(req.substr(4, end == std::string::npos ? std::string::npos : end - 4));
@@ -97,14 +119,90 @@ void PlainServer::serve() {
     } else if (!req.empty()) {
       r = {405, "text/plain; charset=utf-8", "only GET\n"};
     }
-    const std::string head = "HTTP/1.0 " + std::to_string(r.status) + " " + reason(r.status) +
-                             "\r\nContent-Type: " + r.contentType +
-                             "\r\nContent-Length: " + std::to_string(r.body.size()) +
-                             "\r\nConnection: close\r\n\r\n";
-    send(c, head.data(), head.size(), MSG_NOSIGNAL);
-    send(c, r.body.data(), r.body.size(), MSG_NOSIGNAL);
-    close(c);
+    c.out = "HTTP/1.0 " + std::to_string(r.status) + " " + reason(r.status) + "\r\nContent-Type: " + r.contentType +
+            "\r\nContent-Length: " + std::to_string(r.body.size()) + "\r\nConnection: close\r\n\r\n" + r.body;
+    c.in.clear();
+    c.responding = true;
+    c.deadline = now + std::chrono::milliseconds(kResponseTimeoutMs);
+  };
+  auto flush = [](Conn& c) {
+    while (c.sent < c.out.size()) {
+      const ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        c.sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+      c.done = true;  // the client left
+      return;
+    }
+    shutdown(c.fd, SHUT_WR);
+    c.done = true;
+  };
+  std::vector<pollfd> fds;
+  while (!stop_) {
+    auto now = Clock::now();
+    int timeout = 200;  // stop() is noticed within this
+    fds.assign(1, pollfd{fd_, POLLIN, 0});
+    for (const auto& c : conns) {
+      fds.push_back({c.fd, static_cast<short>(c.responding ? POLLOUT : POLLIN), 0});
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c.deadline - now).count();
+      timeout = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(timeout, left + 1)));
+    }
+    if (poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) continue;
+    now = Clock::now();
+    const size_t polled = conns.size();
+    for (size_t i = 0; i < polled; ++i) {
+      Conn& c = conns[i];
+      const short ev = fds[i + 1].revents;
+      if (c.responding) {
+        if (ev & (POLLOUT | POLLERR | POLLHUP)) flush(c);
+      } else if (ev & (POLLIN | POLLERR | POLLHUP)) {
+        char buf[4096];
+        const ssize_t n = recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0) c.in.append(buf, static_cast<size_t>(n));
+        const bool eof = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        if (requestComplete(c.in, eof) || c.in.size() > kMaxRequestBytes) {
+          respond(c, now);
+          flush(c);
+        } else if (eof) {
+          c.done = true;
+        }
+      }
+      if (!c.done && now >= c.deadline) c.done = true;  // too slow to ask, or to read the answer
+    }
+    if (fds[0].revents & POLLIN) {
+      for (int k = 0; k < 16; ++k) {
+        const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;
+        if (conns.size() >= static_cast<size_t>(kMaxConnections)) {
+          // Full: the oldest connection still being read goes (a probe is a new one).
+          auto oldest = conns.end();
+          for (auto it = conns.begin(); it != conns.end(); ++it)
+            if (!it->done && !it->responding && (oldest == conns.end() || it->accepted < oldest->accepted)) oldest = it;
+          if (oldest == conns.end()) {
+            close(fd);
+            continue;
+          }
+          oldest->done = true;
+        }
+        Conn c;
+        c.fd = fd;
+        c.accepted = now;
+        c.deadline = now + std::chrono::milliseconds(kRequestTimeoutMs);
+        conns.push_back(std::move(c));
+      }
+    }
+    for (auto it = conns.begin(); it != conns.end();) {
+      if (it->done) {
+        close(it->fd);
+        it = conns.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
+  for (auto& c : conns) close(c.fd);
 }
 
 }  // namespace edit::http

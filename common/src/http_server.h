@@ -3,8 +3,10 @@
 // Why not prometheus-cpp's Exposer (civetweb)? civetweb starts its threads with a fixed
 // 100 KiB stack, and a process that links LibTorch + OpenBLAS has more thread-local
 // storage than that, so pthread_create fails ("null context when constructing
-// CivetServer"). One std::thread with the default stack serving one request at a time is
-// all a scrape or a probe needs.
+// CivetServer"). One std::thread with the default stack is all a scrape or a probe needs;
+// it polls every connection, so a client that connects and says nothing (or says it
+// slowly) cannot keep /healthz from answering: each request has kRequestTimeout to
+// arrive, and at kMaxConnections the oldest connection still being read makes room.
 #pragma once
 
 #include <atomic>
@@ -26,6 +28,11 @@ using Handler = std::function<Response(const std::string& path)>;
 
 class PlainServer {
  public:
+  static constexpr int kMaxConnections = 64;
+  static constexpr int kRequestTimeoutMs = 5000;   // connect to the end of the headers
+  static constexpr int kResponseTimeoutMs = 10000; // for the response to leave
+  static constexpr size_t kMaxRequestBytes = 8192;
+
   // host "" or "0.0.0.0" = all interfaces; port 0 picks a free port (see port()).
   PlainServer(const std::string& host, int port, Handler handler);
   ~PlainServer();

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <filesystem>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../fuzz/target_kv_frame.h"
 #include "dist/kv_store.h"
 
 using edit::Bytes;
@@ -623,6 +625,35 @@ TEST(KvSessionTest, EveryReplyIsAFrameAndGarbageNeverThrows) {
       at += 4 + n;
     }
   }
+}
+
+// The fuzzer's seeds (tests/fuzz/corpus/kv_frame) through the fuzz target: nothing throws,
+// every bad_* seed gets an error or a refusal, every ok_* seed only ok answers.
+TEST(KvSessionTest, FuzzSeedsReplay) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(EDIT_SOURCE_DIR) / "tests/fuzz/corpus/kv_frame";
+  int seen = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    SCOPED_TRACE(name);
+    std::ifstream in(entry.path(), std::ios::binary);
+    const Bytes data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    Bytes out;
+    ASSERT_NO_THROW(out = edit::fuzz::fuzzKvFrameOne(data.data(), data.size()));
+    int ok = 0, bad = 0;
+    for (size_t at = 0; at + 5 <= out.size();) {
+      const uint32_t n = out[at] | out[at + 1] << 8 | out[at + 2] << 16 | uint32_t(out[at + 3]) << 24;
+      (out[at + 4] == KvSession::kOk ? ok : bad) += 1;
+      at += 4 + n;
+    }
+    if (name.rfind("bad_", 0) == 0) EXPECT_GE(bad, 1);
+    if (name.rfind("ok_", 0) == 0) {
+      EXPECT_EQ(bad, name.find("bogus_proof") != std::string::npos ? 1 : 0);
+      EXPECT_GE(ok, 1);
+    }
+    ++seen;
+  }
+  EXPECT_GE(seen, 10);
 }
 
 }  // namespace

@@ -16,7 +16,7 @@
 # Idempotent: rerunning reuses the build dir and the working corpora. Exit 0 only if all pass.
 #
 # Environment: EDIT_SANITIZE_BUILD (build dir), JOBS (default 2), FUZZ_SECONDS,
-# FUZZERS (default "config editjob tokenfile checkpoint manifest").
+# FUZZERS (default "config editjob tokenfile checkpoint manifest kv_frame").
 # Options: --fuzz-only, --unit-only, --no-fuzz (= --unit-only).
 set -euo pipefail
 
@@ -24,7 +24,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${EDIT_SANITIZE_BUILD:-$ROOT/build-sanitize}"
 JOBS="${JOBS:-2}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
-FUZZERS="${FUZZERS:-config editjob tokenfile checkpoint manifest}"
+FUZZERS="${FUZZERS:-config editjob tokenfile checkpoint manifest kv_frame}"
 UNIT_TARGETS="runtime_unit_light runtime_unit_minimal operator_unit operator_runtime_config fuzz_replay_light telemetry_garbage_test"
 UNIT_DIRS="tests/runtime tests/operator tests/fuzz"
 DO_UNIT=1

@@ -302,7 +302,7 @@ void summary(const std::vector<Worker>& ws, double wall) {
   std::fflush(stdout);
 }
 
-// Rank 0's "scaling from M to M2 replicas" (Trainer::scale): the ranks of a new replica
+// Rank 0's "scaling from M to M2 replicas" (Membership::scale): the ranks of a new replica
 // start now, while the others wait for them in the next rendezvous generation.
 std::vector<int> gScaleTargets;
 

@@ -41,7 +41,9 @@ static int64_t peakRssBytes() {
 
 namespace {
 
-void onTerminate(int) { gTerminateRequested = true; }
+// Signals and the operator's commands reach the trainer here (every member lock-free).
+ControlRequests gRequests;
+void onTerminate(int) { gRequests.terminate = true; }
 
 std::string envOr(const char* k, const std::string& d) {
   const char* v = std::getenv(k);
@@ -118,8 +120,8 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, onTerminate);
   std::signal(SIGINT, onTerminate);
   // One replica more (USR1) or fewer (USR2) at the next sync round (docs/elastic.md).
-  std::signal(SIGUSR1, [](int) { gScaleRequest.fetch_add(1); });
-  std::signal(SIGUSR2, [](int) { gScaleRequest.fetch_sub(1); });
+  std::signal(SIGUSR1, [](int) { gRequests.scaleDelta.fetch_add(1); });
+  std::signal(SIGUSR2, [](int) { gRequests.scaleDelta.fetch_sub(1); });
 
   // Intra-op threads: the cores shared by the workers on this machine.
   int threads = cfg.runtime.threads;
@@ -161,7 +163,6 @@ int main(int argc, char** argv) {
     return kExitInvalidInput;
   }
 
-  Trainer* self = nullptr;
   double lastT = nowSeconds();
   uint64_t lastTokens = 0;
   double stepSecondsTotal = 0, syncWorkTotal = 0;  // for the sync share in the summary
@@ -173,6 +174,7 @@ int main(int argc, char** argv) {
   link.overlapSteps = cfg.algorithm.overlapSteps;
   link.overlapAllowed = mesh.backend != "nccl";
   TrainerHooks hooks;
+  hooks.requests = &gRequests;
   hooks.log = [&](const std::string& s) { std::cerr << tag << s << "\n"; };
   if (telemetry) hooks.scaleTarget = [&] { return telemetry->peekScaleTarget(); };
   hooks.onStep = [&](const StepReport& r) {
@@ -187,13 +189,13 @@ int main(int argc, char** argv) {
       if (r.step % std::max<int64_t>(1, cfg.telemetry.everySteps) == 0 || r.step == r.totalSteps)
         telemetry->send(r);
       switch (telemetry->takeCommand()) {
-        case OperatorCommand::Stop: self->requestStop(); break;
-        case OperatorCommand::Checkpoint: self->requestCheckpoint(); break;
+        case OperatorCommand::Stop: gRequests.stop = true; break;
+        case OperatorCommand::Checkpoint: gRequests.checkpoint = true; break;
         default: break;
       }
       // The operator's replica count: rank 0 puts it to the world at its next control
       // exchange (docs/elastic.md).
-      if (const int target = telemetry->takeScaleTarget(); target > 0) gScaleTarget = target;
+      if (const int target = telemetry->takeScaleTarget(); target > 0) gRequests.scaleTarget = target;
     }
     if (r.step % std::max<int64_t>(1, cfg.training.logEvery) == 0 || r.step == r.totalSteps) {
       const double now = nowSeconds();
@@ -212,7 +214,6 @@ int main(int argc, char** argv) {
 
   try {
     Trainer trainer(cfg, mesh, hooks);
-    self = &trainer;
     const TrainResult res = trainer.run();
     double wait = 0;
     json comm = json::array();
@@ -250,7 +251,7 @@ int main(int argc, char** argv) {
               {"link", link},
               {"device", "cpu"}};
 #ifdef EDIT_WITH_CUDA
-    // The GPU this worker trained on (Trainer::selectDevice made it current).
+    // The GPU this worker trained on (selectDevice, train/step_engine.h, made it current).
     if (cfg.runtime.backend != "gloo" && torch::cuda::is_available()) {
       const int dev = c10::cuda::current_device();
       const DeviceMemoryPeak peak = deviceMemoryPeak(dev);

@@ -112,6 +112,7 @@ Comm::Comm(const MeshSpec& spec, c10::intrusive_ptr<c10d::Store> store, const st
 void Comm::build(const c10::intrusive_ptr<c10d::Store>& base, const std::string& prefix) {
   const auto& spec = spec_;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeoutSeconds * 1000));
+  prefix_ = prefix;
   store_ = c10::make_intrusive<c10d::PrefixStore>(prefix, base);
 
 #ifndef EDIT_WITH_CUDA

@@ -107,6 +107,8 @@ class Comm {
   // and returns its new value (delta 0 reads it). A store that cannot be reached (its host,
   // rank 0, is gone) is PeerLost, like a failed collective.
   int64_t addCounter(const std::string& key, int64_t delta);
+  // The store namespace of this generation's groups (one per rendezvous generation).
+  const std::string& prefix() const { return prefix_; }
 
   // Counters (thread-safe). wait time is recorded by the waiter, see CommStream.
   void addWait(Group g, const std::string& op, double seconds);
@@ -125,6 +127,7 @@ class Comm {
 
   MeshSpec spec_;
   c10::intrusive_ptr<c10d::Store> store_;
+  std::string prefix_;
   c10::intrusive_ptr<CollectiveGroup> world_, shard_, sync_;
   mutable std::mutex mu_;
   CommCounts counts_;

@@ -162,7 +162,7 @@ void Rendezvous::join(double timeoutSeconds, const std::atomic<bool>& cancel) {
   } catch (const KvRefused&) {
     throw;
   } catch (const std::exception& e) {
-    // The caller (Trainer::joinRunningJob) goes round again until its deadline.
+    // The caller (Membership::joinRunningJob) goes round again until its deadline.
     throw PeerLost(std::string("rendezvous: the store (hosted by rank 0) is unreachable: ") + e.what());
   }
 }

@@ -11,51 +11,39 @@ static torch::Tensor scalar(double v) { return torch::full({1}, v, torch::kFloat
 void Trainer::saveCheckpoint(int64_t id) {
   // A checkpoint holds no round in flight: applying it first keeps the format and resume
   // as they are (the outer weights are then the start point of the current round).
-  drainOverlap();
+  schedule_->drainOverlap();
   torch::NoGradGuard ng;
   const double t0 = nowSeconds();
   const std::string dir = stepDirName(cfg_.checkpoint.dir, id);
   std::filesystem::create_directories(dir);
+  auto& units = engine_->units();
+  auto& adam = engine_->adam();
   NamedTensors t;
-  t["meta/step"] = scalar(static_cast<double>(step_));
+  t["meta/step"] = scalar(static_cast<double>(progress_.step));
   t["meta/world"] = scalar(mesh_.world);
   t["meta/shards"] = scalar(mesh_.shards);
-  t["meta/params"] = scalar(static_cast<double>(parameterCount(shape_)));
-  t["meta/stepsSinceSync"] = scalar(static_cast<double>(stepsSinceSync_));
-  t["meta/syncRounds"] = scalar(static_cast<double>(syncRounds_));
-  t["meta/anomalies"] = scalar(static_cast<double>(anomalies_));
-  t["meta/tokens"] = scalar(static_cast<double>(tokens_));
-  t["meta/adamSteps"] = scalar(static_cast<double>(adam_->stepCount()));
-  t["meta/outerReady"] = scalar(outerReady_ ? 1 : 0);
-  t["meta/jobSteps"] = scalar(static_cast<double>(jobSteps_));
-  t["meta/jobStepsAt"] = scalar(static_cast<double>(jobStepsAt_));
-  t["meta/totalSteps"] = scalar(static_cast<double>(totalSteps_));
+  t["meta/params"] = scalar(static_cast<double>(parameterCount(engine_->shape())));
+  t["meta/tokens"] = scalar(static_cast<double>(progress_.tokens));
+  t["meta/adamSteps"] = scalar(static_cast<double>(adam.stepCount()));
+  t["meta/totalSteps"] = scalar(static_cast<double>(progress_.totalSteps));
   t["meta/budgetTokens"] = scalar(static_cast<double>(cfg_.training.tokens));
-  for (size_t u = 0; u < units_.size(); ++u) {
+  for (size_t u = 0; u < units.size(); ++u) {
     const std::string k = "unit" + std::to_string(u) + "/";
-    t[k + "theta"] = units_[u].slice;
-    t[k + "adam_m"] = adam_->m()[u];
-    t[k + "adam_v"] = adam_->v()[u];
-    t[k + "ewma"] = torch::tensor({detectors_[u].mean, detectors_[u].var,
-                                   static_cast<double>(detectors_[u].count)}, torch::kFloat64);
-    // The stall check's streak (the same on every rank): a resume goes on counting it.
-    t[k + "skipStreak"] = scalar(static_cast<double>(u < skipStreak_.size() ? skipStreak_[u] : 0));
-    if (outerReady_) {
-      t[k + "outer"] = outer_[u].outer;
-      t[k + "momentum"] = outer_[u].momentum;
-      if (outer_[u].residual.defined()) t[k + "residual"] = outer_[u].residual;
-      if (outer_[u].averageResidual.defined()) t[k + "averageResidual"] = outer_[u].averageResidual;
-    }
+    t[k + "theta"] = units[u].slice;
+    t[k + "adam_m"] = adam.m()[u];
+    t[k + "adam_v"] = adam.v()[u];
   }
+  schedule_->save(t);  // the rounds' state: outer weights, momentum, detectors, counters
   const uint32_t crc = writeCheckpointFile(rankFileName(dir, mesh_.rank), t);
 
   // Gather every rank's CRC; only then is the checkpoint complete (the manifest).
-  const int W = comm_->world();
+  Comm& comm = *groups_.comm;
+  const int W = comm.world();
   auto mine = scalar(static_cast<double>(crc));
   auto all = torch::empty({W, 1}, torch::kFloat64);
   std::vector<torch::Tensor> outs;
   for (int r = 0; r < W; ++r) outs.push_back(all[r]);
-  comm_->allgather(Group::World, mine, outs);
+  comm.allgather(Group::World, mine, outs);
   if (mesh_.rank == 0) {
     Manifest m;
     m.step = id;
@@ -65,8 +53,8 @@ void Trainer::saveCheckpoint(int64_t id) {
     writeManifest(dir, m);
     pruneCheckpoints(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
   }
-  comm_->barrier(Group::World);
-  lastCheckpointId_ = id;
+  comm.barrier(Group::World);
+  progress_.lastCheckpointId = id;
   log("checkpoint " + dir + " saved in " + std::to_string(nowSeconds() - t0) + " s");
 }
 
@@ -82,9 +70,11 @@ bool Trainer::tryResume() {
   // dropped (with the local steps they made since their last sync round).
   const int N = mesh_.shards, M = mesh_.replicas;
   const int replica = mesh_.rank / N, shard = mesh_.rank % N;
+  Comm& comm = *groups_.comm;
+  const int64_t params = parameterCount(engine_->shape());
   const auto steps = completeCheckpointSteps(cfg_.checkpoint.dir);
   auto agreedCount = torch::full({1}, static_cast<double>(steps.size()), torch::kFloat64);
-  comm_->allreduce(Group::World, agreedCount, c10d::ReduceOp::MIN);
+  comm.allreduce(Group::World, agreedCount, c10d::ReduceOp::MIN);
   const auto n = static_cast<size_t>(agreedCount.item<double>());
   for (size_t i = 0; i < n; ++i) {
     const std::string dir = stepDirName(cfg_.checkpoint.dir, steps[i]);
@@ -115,10 +105,10 @@ bool Trainer::tryResume() {
                               " replicas x " + std::to_string(fileShards) + " shards, this run has " + thisRun +
                               "; a resume can change the number of replicas, not the shards per replica");
       }
-      if (fileParams != parameterCount(shape_)) {
+      if (fileParams != params) {
         layout = true;
         throw CheckpointError(dir + ": written for a model of " + std::to_string(fileParams) +
-                              " parameters, this run's model has " + std::to_string(parameterCount(shape_)));
+                              " parameters, this run's model has " + std::to_string(params));
       }
     } catch (const std::exception& e) {
       why = e.what();
@@ -126,7 +116,7 @@ bool Trainer::tryResume() {
     // 1: loadable here; 0: corrupt or incomplete here (try an older one); -1: of another
     // layout here (refuse the run). The world takes the worst.
     auto ok = torch::full({1}, why.empty() ? 1.0 : layout ? -1.0 : 0.0, torch::kFloat64);
-    comm_->allreduce(Group::World, ok, c10d::ReduceOp::MIN);
+    comm.allreduce(Group::World, ok, c10d::ReduceOp::MIN);
     if (ok.item<double>() < 0)
       throw CheckpointLayoutError(why.empty() || !layout ? dir + ": of another layout or model (on another rank)" : why);
     if (ok.item<double>() == 0) {
@@ -140,66 +130,32 @@ bool Trainer::tryResume() {
           (newReplica ? ": this new replica continues from a copy of replica " + std::to_string(source / N) + "'s state"
                       : ""));
     torch::NoGradGuard ng;
-    step_ = static_cast<int64_t>(t.at("meta/step").item<double>());
-    stepsSinceSync_ = static_cast<int64_t>(t.at("meta/stepsSinceSync").item<double>());
-    syncRounds_ = static_cast<uint64_t>(t.at("meta/syncRounds").item<double>());  // the job's round count
+    progress_.step = static_cast<int64_t>(t.at("meta/step").item<double>());
     // A new replica counts only what it trains itself, as after an in-place scale-up.
-    anomalies_ = newReplica ? 0 : static_cast<uint64_t>(t.at("meta/anomalies").item<double>());
-    tokens_ = newReplica ? 0 : static_cast<uint64_t>(t.at("meta/tokens").item<double>());
-    adam_->setStepCount(static_cast<int64_t>(t.at("meta/adamSteps").item<double>()));
-    outerReady_ = t.at("meta/outerReady").item<double>() > 0;
-    // Older checkpoints lack the job's progress: as if every replica were at this step.
-    jobSteps_ = t.count("meta/jobSteps") ? static_cast<int64_t>(t.at("meta/jobSteps").item<double>())
-                                         : step_ * mesh_.replicas;
-    jobStepsAt_ = t.count("meta/jobStepsAt") ? static_cast<int64_t>(t.at("meta/jobStepsAt").item<double>()) : step_;
+    progress_.tokens = newReplica ? 0 : static_cast<uint64_t>(t.at("meta/tokens").item<double>());
+    auto& adam = engine_->adam();
+    adam.setStepCount(static_cast<int64_t>(t.at("meta/adamSteps").item<double>()));
     // training.tokens fixed the job's step count for the world it started with; it stays
     // when the job continues at another size, as at an in-place scale (docs/elastic.md).
     if (cfg_.training.tokens > 0 && t.count("meta/totalSteps") && t.count("meta/budgetTokens") &&
         static_cast<int64_t>(t.at("meta/budgetTokens").item<double>()) == cfg_.training.tokens)
-      totalSteps_ = static_cast<int64_t>(t.at("meta/totalSteps").item<double>());
-    outer_.clear();
-    // Older checkpoints have no streaks: counted from zero, as before they were saved.
-    skipStreak_.assign(units_.size(), 0);
-    size_t residualsFound = 0;
-    for (size_t u = 0; u < units_.size(); ++u) {
+      progress_.totalSteps = static_cast<int64_t>(t.at("meta/totalSteps").item<double>());
+    auto& units = engine_->units();
+    for (size_t u = 0; u < units.size(); ++u) {
       const std::string k = "unit" + std::to_string(u) + "/";
-      units_[u].slice.copy_(t.at(k + "theta"));
-      adam_->m()[u].copy_(t.at(k + "adam_m"));
-      adam_->v()[u].copy_(t.at(k + "adam_v"));
-      auto e = t.at(k + "ewma");
-      detectors_[u] = {e[0].item<double>(), e[1].item<double>(), static_cast<int64_t>(e[2].item<double>())};
-      if (t.count(k + "skipStreak")) skipStreak_[u] = static_cast<int64_t>(t.at(k + "skipStreak").item<double>());
-      if (outerReady_) outer_.push_back({t.at(k + "outer").clone(), t.at(k + "momentum").clone()});
-      // The error feedback of int8/int4 compression. Without one in the file (compression
-      // switched on at this resume) it starts at zero, as at the first compressed round;
-      // one in the file that this run does not compress with is dropped. It is what this
-      // rank has not sent yet: a new replica has sent nothing and starts at zero.
-      if (outerReady_ && sync_.codec.on()) {
-        const bool has = t.count(k + "residual") > 0 && !newReplica;
-        residualsFound += has;
-        outer_.back().residual = has ? t.at(k + "residual").clone() : torch::zeros_like(outer_.back().outer);
-        // The owned part's residual, when the file has one of this run's part (the parts
-        // follow the number of replicas and the block); otherwise from zero.
-        const int64_t own = ownedPart(outer_.back().outer.numel());
-        const bool hasAvg = oldReplicas == M && t.count(k + "averageResidual") &&
-                            t.at(k + "averageResidual").numel() == own;
-        outer_.back().averageResidual =
-            hasAvg ? t.at(k + "averageResidual").clone() : torch::zeros({own}, outer_.back().outer.options());
-      }
+      units[u].slice.copy_(t.at(k + "theta"));
+      adam.m()[u].copy_(t.at(k + "adam_m"));
+      adam.v()[u].copy_(t.at(k + "adam_v"));
     }
-    if (outerReady_ && sync_.codec.on() && residualsFound == 0 && !newReplica)
-      log("checkpoint " + dir + " has no compression residual (written with algorithm.syncCompression none): starting from zero");
-    if (outerReady_ && !sync_.codec.on() && t.count("unit0/residual"))
-      log("checkpoint " + dir + " holds a compression residual; algorithm.syncCompression is none: dropped");
-    // A-EDiT's learning rate divides the job's replica-steps by M: count them again with
-    // this run's replicas (a new one's steps are its source's).
-    if (oldReplicas != M) agreeJobSteps();
     // Non-local chunks of the gathered buffers are refreshed by the next all-gather;
     // with one shard the slice is the whole buffer.
-    lastSyncTime_ = nowSeconds();
-    lastCheckpointId_ = steps[i];
-    controlId_ = steps[i];
-    log("resumed from " + dir + " at step " + std::to_string(step_));
+    schedule_->load(t, newReplica, oldReplicas == M, dir);
+    // A-EDiT's learning rate divides the job's replica-steps by M: count them again with
+    // this run's replicas (a new one's steps are its source's).
+    if (oldReplicas != M) schedule_->agreeJobSteps(progress_.step);
+    progress_.lastCheckpointId = steps[i];
+    progress_.controlId = steps[i];
+    log("resumed from " + dir + " at step " + std::to_string(progress_.step));
     return true;
   }
   return false;

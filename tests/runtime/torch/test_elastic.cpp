@@ -1,4 +1,4 @@
-// Changing the number of replicas M: the operator's absolute target (gScaleTarget, from the
+// Changing the number of replicas M: the operator's absolute target (ControlRequests::scaleTarget, from the
 // telemetry SCALE command), and resuming a checkpoint at another M (docs/elastic.md).
 #include <gtest/gtest.h>
 
@@ -67,20 +67,21 @@ TEST(ElasticTarget, OperatorTargetWinsOverSignalsAndAResentTargetIsNoScale) {
   c.training.steps = 15;
   c.checkpoint.dir = "";
   std::vector<int> replicasSeen;
-  const auto res = train(c, 2, 1, [&](int rank, Trainer&, const StepReport& r) {
+  int leftTarget = -1, leftDelta = -1;
+  const auto res = train(c, 2, 1, [&](int rank, Trainer& tr, const StepReport& r) {
     if (rank != 0) return;
+    auto& asks = tr.requests();
     replicasSeen.push_back(r.replicas);
-    if (r.step == 1) gScaleTarget = 2;
+    if (r.step == 1) asks.scaleTarget = 2;
     if (r.step == 5) {
-      gScaleRequest = 1;
-      gScaleTarget = 1;
+      asks.scaleDelta = 1;
+      asks.scaleTarget = 1;
     }
-    if (r.step == 8 || r.step == 11) gScaleTarget = 1;
+    if (r.step == 8 || r.step == 11) asks.scaleTarget = 1;
+    leftTarget = asks.scaleTarget, leftDelta = asks.scaleDelta;
   });
-  EXPECT_EQ(gScaleTarget.load(), 0);  // taken at the next exchange
-  EXPECT_EQ(gScaleRequest.load(), 0);
-  gScaleTarget = 0;
-  gScaleRequest = 0;
+  EXPECT_EQ(leftTarget, 0);  // each taken at the next exchange
+  EXPECT_EQ(leftDelta, 0);
   EXPECT_EQ(res[0].scales, 1);
   EXPECT_FALSE(res[0].leftAtScale);
   EXPECT_EQ(res[0].steps, 15);

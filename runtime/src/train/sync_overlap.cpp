@@ -9,11 +9,11 @@
 //      round k+1 where round k would take it on its own progress alone;
 //   4. start round k's exchange of D_k on the round thread (its own process groups).
 // Without a round in flight base is the outer weights (the first round, after a drain).
-#include "train/trainer.h"
+#include "train/sync_schedule.h"
 
 namespace edit {
 
-UnitSyncResult Trainer::overlapRound(size_t u) {
+UnitSyncResult SyncSchedule::overlapRound(size_t u) {
   auto& unit = units_[u];
   if (base_.size() != units_.size()) {
     base_.resize(units_.size());
@@ -43,20 +43,20 @@ UnitSyncResult Trainer::overlapRound(size_t u) {
                    sync_.momentum, sync_.nesterov);
   base_[u].copy_(unit.slice);
   const double steps = static_cast<double>(stepsSinceSync_);
-  inflight_[u] = roundStream_->enqueue([this, u, steps] {
-    inflightResult_[u] = syncPseudoGradient(*roundComm_, pending_[u], outer_[u], detectors_[u], sync_, steps);
+  inflight_[u] = groups_.roundStream->enqueue([this, u, steps] {
+    inflightResult_[u] = syncPseudoGradient(*groups_.roundComm, pending_[u], outer_[u], detectors_[u], sync_, steps);
   });
   return applied;
 }
 
-void Trainer::drainOverlap() {
+void SyncSchedule::drainOverlap() {
   if (!overlap_ || inflight_.empty()) return;
   torch::NoGradGuard ng;
   std::vector<UnitSyncResult> res(units_.size());
   bool any = false;
   for (size_t u = 0; u < units_.size(); ++u) {
     if (!inflight_[u].valid()) continue;
-    roundStream_->wait(inflight_[u], Group::Sync, "sync");
+    groups_.roundStream->wait(inflight_[u], Group::Sync, "sync");
     inflight_[u] = {};
     res[u] = inflightResult_[u];
     any = true;
@@ -67,19 +67,11 @@ void Trainer::drainOverlap() {
     slice.copy_(outer_[u].outer).sub_(pending_[u]);
   }
   if (!any) return;
-  StepOutcome out;
+  RoundOutcome out;
   noteRound(res, out);
   anomalies_ += out.anomalies;
   afterRound(out);
   failIfStalled();
-}
-
-CommCounts Trainer::commCounters() const {
-  // Earlier generations' process groups (recoveries, scales), then the current ones.
-  auto all = commCarried_;
-  if (comm_) addCounts(all, comm_->counters());
-  if (roundComm_) addCounts(all, roundComm_->counters());
-  return all;
 }
 
 }  // namespace edit

@@ -1,6 +1,7 @@
 #include "telemetry/job_state.h"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 
 namespace edit::op::telemetry {
@@ -22,6 +23,22 @@ bool constantTimeEquals(const std::string& a, const std::string& b) {
   }
   return diff == 0 && !a.empty();
 }
+
+namespace {
+const char* const kCommOps[] = {"allgather", "allreduce", "alltoall", "barrier", "broadcast", "reduce_scatter"};
+const char* const kCommGroups[] = {"shard", "sync", "world"};
+}  // namespace
+
+bool knownCommOp(const std::string& op) {
+  return std::any_of(std::begin(kCommOps), std::end(kCommOps), [&](const char* k) { return op == k; });
+}
+
+bool knownCommGroup(const std::string& group) {
+  return std::any_of(std::begin(kCommGroups), std::end(kCommGroups), [&](const char* k) { return group == k; });
+}
+
+const char* knownCommOps() { return "allgather, allreduce, alltoall, barrier, broadcast, reduce_scatter"; }
+const char* knownCommGroups() { return "shard, sync, world"; }
 
 void JobTelemetry::dropTotals(const Report& r) {
   tokens_ -= r.tokens;

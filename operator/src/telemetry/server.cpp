@@ -1,6 +1,7 @@
 #include "telemetry/server.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include <grpcpp/grpcpp.h>
@@ -35,10 +36,11 @@ TelemetryHub::~TelemetryHub() {
 }
 
 void TelemetryHub::registerJob(const std::string& ns, const std::string& job, const std::string& token,
-                               const StragglerSettings& settings, int restartGeneration) {
+                               const StragglerSettings& settings, int restartGeneration, int worldSize) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& j = jobs_[{ns, job}];
   j.token = token;
+  j.worldSize = worldSize;
   j.state.setSettings(settings);
   if (restartGeneration > j.restartGeneration) {
     j.restartGeneration = restartGeneration;
@@ -135,11 +137,38 @@ void TelemetryHub::sendScale(const std::string& ns, const std::string& job, int 
   queue.push_back(c);
 }
 
+namespace {
+
+// A value from a report, for a message: printable, and not megabytes of it.
+std::string shown(const std::string& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size() && i < 40; ++i) {
+    const unsigned char c = static_cast<unsigned char>(v[i]);
+    out += c >= 0x20 && c < 0x7f && c != '"' ? static_cast<char>(c) : '?';
+  }
+  return "\"" + out + (v.size() > 40 ? "...\" (" + std::to_string(v.size()) + " bytes)" : "\"");
+}
+
+// Kubernetes names and what edit-run uses for them (a host name): label values that need no
+// escaping and cannot smuggle anything into the exposition format.
+bool nameLike(const std::string& v, size_t max) {
+  return v.size() <= max && std::all_of(v.begin(), v.end(), [](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+         });
+}
+
+}  // namespace
+
 // A report that passed the token check still comes from outside: its values become
-// status fields and metric labels, so keep them in sane ranges.
-static std::string invalidReport(const pb::WorkerReport& r) {
+// status fields and metric labels, so keep them in sane ranges. worldSize 0: unknown.
+static std::string invalidReport(const pb::WorkerReport& r, int worldSize) {
   constexpr int64_t kMaxSteps = int64_t{1} << 48;
-  if (r.rank() < 0 || r.rank() >= 65536 || r.replica() < 0 || r.shard() < 0) return "rank/replica/shard out of range";
+  const int maxRanks = worldSize > 0 ? worldSize : 65536;
+  if (r.rank() < 0 || r.rank() >= maxRanks)
+    return "rank " + std::to_string(r.rank()) + " is not in [0, " + std::to_string(maxRanks) + ")" +
+           (worldSize > 0 ? " (the job's world size)" : "");
+  if (r.replica() < 0 || r.shard() < 0 || r.replica() >= maxRanks || r.shard() >= maxRanks)
+    return "rank/replica/shard out of range";
   if (r.replicas() < 0 || r.replicas() > 4096) return "replicas out of range";
   if (r.step() < 0 || r.step() > kMaxSteps || r.total_steps() < 0 || r.total_steps() > kMaxSteps)
     return "step/total_steps out of range";
@@ -147,13 +176,19 @@ static std::string invalidReport(const pb::WorkerReport& r) {
     return "local_phase steps/rounds out of range";
   if (r.pod().size() > 253 || r.node().size() > 253 || r.phase().size() > 32 || r.pod_uid().size() > 128)
     return "pod/pod_uid/node/phase too long";
+  if (!nameLike(r.pod(), 253) || !nameLike(r.node(), 253) || !nameLike(r.pod_uid(), 128) || !nameLike(r.phase(), 32))
+    return "pod/pod_uid/node/phase may hold only letters, digits, '-', '.' and '_'";
   for (double v : {r.step_seconds(), r.compute_seconds(), r.comm_wait_seconds(), r.sync_seconds(), r.unix_time(),
                    r.local_phase().compute_seconds(), r.local_phase().blocked_seconds()})
     if (!std::isfinite(v) || v < 0) return "timings must be finite and >= 0";
+  if (!std::isfinite(r.loss())) return "loss is not finite (the worker's training diverged?)";
+  if (!std::isfinite(r.pseudo_grad_norm())) return "pseudo_grad_norm is not finite";
   if (r.comm_size() > 64) return "too many comm counters";
-  for (const auto& c : r.comm())
-    if (c.op().size() > 32 || c.group().size() > 32 || !std::isfinite(c.wait_seconds()) || c.wait_seconds() < 0)
-      return "bad comm counter";
+  for (const auto& c : r.comm()) {
+    if (!knownCommOp(c.op())) return "comm op " + shown(c.op()) + " is not one of " + knownCommOps();
+    if (!knownCommGroup(c.group())) return "comm group " + shown(c.group()) + " is not one of " + knownCommGroups();
+    if (!std::isfinite(c.wait_seconds()) || c.wait_seconds() < 0) return "bad comm counter";
+  }
   return "";
 }
 
@@ -172,7 +207,7 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
     Job& job = it->second;
     if (r.restart_generation() < job.restartGeneration) return grpc::Status::OK;  // a leftover of an old gang
     if (!r.pod_uid().empty() && job.leftPods.count(r.pod_uid())) return grpc::Status::OK;  // left at a scale-down
-    if (std::string why = invalidReport(r); !why.empty())
+    if (std::string why = invalidReport(r, job.worldSize); !why.empty())
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed report: " + why);
     rep.rank = r.rank();
     rep.replica = r.replica();
@@ -251,28 +286,117 @@ void TelemetryHub::refreshMetrics() {
   if (metrics_) metrics_->refreshAges(unixNow());
 }
 
-class TelemetryServer::Service final : public pb::Telemetry::Service {
+namespace {
+
+// One worker's stream, served by callbacks on gRPC's own threads: no thread waits on a
+// stream, so 4096 workers need no more threads than 8. The stream belongs to the first
+// rank it reports for (namespace, job, rank and token); every report's token is checked
+// again by the hub.
+class StreamReactor final : public grpc::ServerBidiReactor<pb::WorkerReport, pb::Command> {
  public:
-  explicit Service(TelemetryHub& hub) : hub_(hub) {}
-  grpc::Status Stream(grpc::ServerContext*, grpc::ServerReaderWriter<pb::Command, pb::WorkerReport>* stream) override {
-    pb::WorkerReport report;
-    while (stream->Read(&report)) {
-      std::vector<pb::Command> commands;
-      grpc::Status st = hub_.accept(report, &commands);
-      if (!st.ok()) {
-        // Never log the token; name the job and rank only.
-        log::warn("telemetry rejected", {{"namespace", report.namespace_()}, {"job", report.job()},
-                                         {"rank", report.rank()}, {"reason", st.error_message()}});
-        return st;
-      }
-      for (const auto& c : commands)
-        if (!stream->Write(c)) return grpc::Status::OK;
+  StreamReactor(TelemetryHub& hub, std::atomic<int>& open) : hub_(hub), open_(open) { StartRead(&report_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the worker closed its side, or the stream broke
+      Finish(grpc::Status::OK);
+      return;
     }
-    return grpc::Status::OK;
+    grpc::Status st = checkBinding();
+    commands_.clear();
+    if (st.ok()) st = hub_.accept(report_, &commands_);
+    if (!st.ok()) {
+      // Never log the token; name the job and rank only.
+      log::warn("telemetry rejected", {{"namespace", report_.namespace_().substr(0, 63)},
+                                       {"job", report_.job().substr(0, 253)},
+                                       {"rank", report_.rank()},
+                                       {"reason", st.error_message()}});
+      Finish(st);
+      return;
+    }
+    if (!bound_) {
+      bound_ = true;
+      ns_ = report_.namespace_();
+      job_ = report_.job();
+      token_ = report_.token();
+      rank_ = report_.rank();
+    }
+    next_ = 0;
+    writeNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    writeNext();
+  }
+
+  void OnDone() override {
+    open_.fetch_sub(1);
+    delete this;
   }
 
  private:
+  grpc::Status checkBinding() const {
+    if (!bound_) return grpc::Status::OK;
+    if (report_.namespace_() != ns_ || report_.job() != job_ || report_.rank() != rank_ ||
+        !constantTimeEquals(report_.token(), token_))
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          "this stream reports for rank " + std::to_string(rank_) + " of " + ns_ + "/" + job_ +
+                              ": a worker opens a stream of its own");
+    return grpc::Status::OK;
+  }
+
+  void writeNext() {
+    if (next_ < commands_.size())
+      StartWrite(&commands_[next_++]);
+    else
+      StartRead(&report_);
+  }
+
   TelemetryHub& hub_;
+  std::atomic<int>& open_;
+  pb::WorkerReport report_;
+  std::vector<pb::Command> commands_;
+  size_t next_ = 0;
+  bool bound_ = false;
+  std::string ns_, job_, token_;
+  int rank_ = -1;
+};
+
+// Answers a stream with a status at once (over the stream cap).
+class RefusedStream final : public grpc::ServerBidiReactor<pb::WorkerReport, pb::Command> {
+ public:
+  explicit RefusedStream(const grpc::Status& st) { Finish(st); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+class TelemetryServer::Service final : public pb::Telemetry::CallbackService {
+ public:
+  Service(TelemetryHub& hub, int maxStreams) : hub_(hub), maxStreams_(maxStreams) {}
+
+  grpc::ServerBidiReactor<pb::WorkerReport, pb::Command>* Stream(grpc::CallbackServerContext*) override {
+    if (open_.fetch_add(1) >= maxStreams_) {
+      open_.fetch_sub(1);
+      if (!warned_.exchange(true))
+        log::warn("telemetry stream refused", {{"reason", "at the stream limit"}, {"maxStreams", maxStreams_}});
+      return new RefusedStream(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                            "the operator serves at most " + std::to_string(maxStreams_) +
+                                                " telemetry streams; retry later"));
+    }
+    return new StreamReactor(hub_, open_);
+  }
+
+  int open() const { return open_.load(); }
+
+ private:
+  TelemetryHub& hub_;
+  const int maxStreams_;
+  std::atomic<int> open_{0};
+  std::atomic<bool> warned_{false};
 };
 
 namespace {
@@ -320,8 +444,9 @@ ServerTls loadServerTls(const std::string& certFile, const std::string& keyFile)
   return tls;
 }
 
-TelemetryServer::TelemetryServer(TelemetryHub& hub, const std::string& addr, const ServerTls& tls)
-    : service_(std::make_unique<Service>(hub)) {
+TelemetryServer::TelemetryServer(TelemetryHub& hub, const std::string& addr, const ServerTls& tls,
+                                 const ServerLimits& limits)
+    : service_(std::make_unique<Service>(hub, limits.maxStreams)) {
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (tls.enabled()) {
     grpc::SslServerCredentialsOptions options;  // no client certificates: workers authenticate with the job token
@@ -330,12 +455,24 @@ TelemetryServer::TelemetryServer(TelemetryHub& hub, const std::string& addr, con
   }
   grpc::ServerBuilder builder;
   builder.AddListeningPort(addr, creds, &port_);
+  builder.SetMaxReceiveMessageSize(limits.maxReportBytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, limits.maxStreamsPerConnection);
+  // Keepalive as gRPC's and etcd's servers do it: ping a silent connection, drop it when
+  // the ping goes unanswered, and refuse clients that ping too often.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(limits.keepaliveTime.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(limits.keepaliveTimeout.count()));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             static_cast<int>(limits.minClientPingInterval.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, static_cast<int>(limits.handshakeTimeout.count()));
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) throw std::runtime_error("telemetry: cannot listen on " + addr);
 }
 
 TelemetryServer::~TelemetryServer() { shutdown(); }
+
+int TelemetryServer::streams() const { return service_->open(); }
 
 void TelemetryServer::shutdown() {
   if (server_) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,8 +30,10 @@ class TelemetryHub {
 
   // --- controller side ---
   // Accept reports for this job with this token; updates settings if already known.
+  // worldSize bounds the ranks a report may name (the larger of the spec's and the
+  // running world while a scale is under way); 0: only the absolute bound (65536).
   void registerJob(const std::string& ns, const std::string& job, const std::string& token,
-                   const StragglerSettings& settings, int restartGeneration);
+                   const StragglerSettings& settings, int restartGeneration, int worldSize = 0);
   void forgetJob(const std::string& ns, const std::string& job);
   // Called on a gang restart: the old generation's reports no longer count.
   void resetJob(const std::string& ns, const std::string& job, int restartGeneration);
@@ -87,6 +90,7 @@ class TelemetryHub {
   struct Job {
     std::string token;
     int restartGeneration = 0;
+    int worldSize = 0;  // 0: unknown
     JobTelemetry state;
     std::map<int, std::vector<edit::v1alpha1::Command>> pending;  // rank -> commands
     std::vector<edit::v1alpha1::Command> pendingAll;
@@ -115,12 +119,34 @@ struct ServerTls {
 // and the file, never the content. Both empty: a disabled ServerTls.
 ServerTls loadServerTls(const std::string& certFile, const std::string& keyFile);
 
+// What the telemetry server holds for its clients (docs/job-store.md, "Telemetry limits").
+struct ServerLimits {
+  // Open worker streams (one per worker); more are refused with RESOURCE_EXHAUSTED, and
+  // the worker retries with backoff. Streams cost no thread each (callback API).
+  int maxStreams = 16384;
+  // Streams one connection may open (a worker opens one at a time).
+  int maxStreamsPerConnection = 8;
+  // A report is a few hundred bytes; gRPC's default would be 4 MiB.
+  int maxReportBytes = 64 << 10;
+  // The server pings a connection silent this long, and drops it when the ping is not
+  // answered within keepaliveTimeout (a worker whose node vanished).
+  std::chrono::milliseconds keepaliveTime{60000};
+  std::chrono::milliseconds keepaliveTimeout{20000};
+  // The most often a client may ping (more often: GOAWAY, as gRPC's servers do).
+  std::chrono::milliseconds minClientPingInterval{10000};
+  // From TCP connect to a finished HTTP/2 (and TLS) handshake; gRPC's default is 120 s.
+  std::chrono::milliseconds handshakeTimeout{10000};
+};
+
 // The gRPC server around a hub. addr "host:port" (port 0: any free port).
 class TelemetryServer {
  public:
-  TelemetryServer(TelemetryHub& hub, const std::string& addr, const ServerTls& tls = {});
+  TelemetryServer(TelemetryHub& hub, const std::string& addr, const ServerTls& tls = {},
+                  const ServerLimits& limits = {});
   ~TelemetryServer();
   int port() const { return port_; }
+  // Streams open now (tests, the bench).
+  int streams() const;
   void shutdown();
 
  private:

@@ -214,7 +214,8 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
     const auto& sp = in.spec->stragglerPolicy;
     if (!token.empty())
       hub_.registerJob(ns, name, token, {sp.threshold, sp.windowSteps, sp.minReports},
-                       in.status.value("restartGeneration", 0));
+                       in.status.value("restartGeneration", 0),
+                       in.spec->shardsPerReplica * std::max(in.spec->replicas, in.status.value("replicas", 0)));
     in.telemetry = telemetryView(*job, oldPhase, in.pods);
   }
 

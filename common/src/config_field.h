@@ -25,7 +25,19 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr size_t kMaxPath = 4096;  // file paths, addresses, tokens
 constexpr size_t kMaxHost = 253;   // DNS name limit
 
-enum class Kind { I64, I32, U64, F64, Bool, Str };
+enum class Kind { I64, I32, U64, F64, Bool, Str, Enum };
+
+// How an enumeration field reads and writes its member (an enum class whose enumerators
+// are the indices of its names, worker_config.h's EnumNames).
+struct EnumAccess {
+  int (*get)(const void*) = nullptr;
+  void (*set)(void*, int) = nullptr;
+};
+template <class E>
+EnumAccess enumAccess() {
+  return {[](const void* p) { return static_cast<int>(*static_cast<const E*>(p)); },
+          [](void* p, int i) { *static_cast<E*>(p) = static_cast<E>(i); }};
+}
 
 // What a value must be. Numbers: [lo, hi] with optional open ends; strings: a length cap,
 // optionally non-empty or one of `choices`.
@@ -95,6 +107,7 @@ struct Field {
   void* ptr;
   Rule rule;
   const char* doc;  // the description users read (--print-schema, the CRD)
+  EnumAccess enumerated{};  // Kind::Enum: rule.choices are the enumerators' names
 
   std::string describe() const {
     if (!rule.text.empty()) return rule.text;
@@ -118,6 +131,7 @@ struct Field {
         return std::string("a number in ") + (rule.loOpen ? "(" : "[") + bound(rule.dlo) + ", " +
                bound(rule.dhi) + (rule.hiOpen ? ")" : "]");
       }
+      case Kind::Enum:
       case Kind::Str:
         if (!rule.choices.empty()) return "one of " + join(rule.choices);
         return std::string(rule.nonEmpty ? "a non-empty" : "a") + " string of at most " +
@@ -189,6 +203,12 @@ struct Field {
         *static_cast<std::string*>(ptr) = raw;
         return;
       }
+      case Kind::Enum: {
+        const auto it = std::find(rule.choices.begin(), rule.choices.end(), raw);
+        if (it == rule.choices.end()) fail(quoted(raw));
+        enumerated.set(ptr, static_cast<int>(it - rule.choices.begin()));
+        return;
+      }
     }
   }
 
@@ -205,6 +225,7 @@ struct Field {
       case Kind::I32: return std::to_string(*static_cast<int*>(ptr));
       case Kind::F64: return fmtDouble(*static_cast<double*>(ptr));
       case Kind::Str: return *static_cast<std::string*>(ptr);
+      case Kind::Enum: return rule.choices.at(static_cast<size_t>(enumerated.get(ptr)));
     }
     return "";
   }

@@ -5,20 +5,21 @@
 // scripts/schema_outputs.py).
 #include "config_field.h"
 
+#include <type_traits>
+
 #include "modes.h"
 
 namespace edit::config {
 
 namespace {
 
-const std::vector<std::string> kPresets = {"tiny",     "small",    "llama-350m", "llama-1b",
-                                           "llama-3b", "llama-7b", "custom"};
-const std::vector<std::string> kModes = modeNames();
-const std::vector<std::string> kBackends = {"auto", "gloo", "nccl"};
-const std::vector<std::string> kRecoveryModes = {"inPlace", "exit"};
-const std::vector<std::string> kWeightings = {"raw", "median"};
-const std::vector<std::string> kCompressions = {"none", "int8", "int4"};
-const std::vector<std::string> kCorruptKinds = {"noise", "pseudoGradient"};
+// model.preset's names: the presets' table (worker_config.h), then custom.
+const std::vector<std::string> kPresets = [] {
+  std::vector<std::string> v;
+  for (const auto& p : modelPresets()) v.emplace_back(p.name);
+  v.emplace_back("custom");
+  return v;
+}();
 
 // algorithm.mode's description, from the mode table.
 const std::string& modeDoc() {
@@ -34,6 +35,20 @@ const std::string& modeDoc() {
 
 const std::vector<std::string>& presetNames() { return kPresets; }
 
+}  // namespace edit::config
+
+namespace edit {
+const std::vector<ModelPreset>& modelPresets() {
+  static const std::vector<ModelPreset> k = {
+      {"tiny", 128, 4, 4, 352},          {"small", 256, 6, 8, 704},
+      {"llama-350m", 1024, 24, 16, 2752}, {"llama-1b", 2048, 24, 16, 5504},
+      {"llama-3b", 3200, 26, 32, 8640},   {"llama-7b", 4096, 32, 32, 11008}};
+  return k;
+}
+}  // namespace edit
+
+namespace edit::config {
+
 // Every key of the file, in the order they are applied and emitted. The preset comes
 // before the model sizes so that explicit sizes next to it override it.
 std::vector<Field> fieldsOf(Config& c) {
@@ -45,6 +60,11 @@ std::vector<Field> fieldsOf(Config& c) {
   auto D = [&](const char* p, double& v, Rule r, Doc d) { f.push_back({p, Kind::F64, &v, r, d}); };
   auto B = [&](const char* p, bool& v, Doc d) { f.push_back({p, Kind::Bool, &v, none(), d}); };
   auto S = [&](const char* p, std::string& v, Rule r, Doc d) { f.push_back({p, Kind::Str, &v, r, d}); };
+  // An enumeration: its names (worker_config.h's EnumNames) are the allowed values.
+  auto E = [&](const char* p, auto& v, Doc d) {
+    using T = std::remove_reference_t<decltype(v)>;
+    f.push_back({p, Kind::Enum, &v, oneOf(EnumNames<T>::get()), d, enumAccess<T>()});
+  };
   auto& m = c.model;
   S("model.preset", m.preset, oneOf(kPresets),
     "Named model size. tiny (vocabSize 256, dim 128, 4 layers, 4 heads, ffnDim 352) "
@@ -88,7 +108,7 @@ std::vector<Field> fieldsOf(Config& c) {
     "Global gradient-norm clip of each inner step; 0 turns it off.");
   I("training.logEvery", t.logEvery, ints(1), "Steps between log lines of rank 0.");
   auto& a = c.algorithm;
-  S("algorithm.mode", a.mode, oneOf(kModes), modeDoc().c_str());
+  E("algorithm.mode", a.mode, modeDoc().c_str());
   I("algorithm.syncInterval", a.syncInterval, ints(1, 1 << 30),
     "Local steps between synchronizations (tau).");
   D("algorithm.syncSeconds", a.syncSeconds, nums(0, 86400, false, false),
@@ -119,7 +139,7 @@ std::vector<Field> fieldsOf(Config& c) {
   B("algorithm.penalty.weighted", p.weighted,
     "Weight replicas by softmax(-norm / temperature) instead of a plain mean.");
   D("algorithm.penalty.temperature", p.temperature, positive(), "Temperature of the softmax weights.");
-  S("algorithm.penalty.weighting", p.weighting, oneOf(kWeightings),
+  E("algorithm.penalty.weighting", p.weighting,
     "raw - softmax(-g/T) of the replicas' norms g (the paper); median - softmax(-g/(T "
     "median g)), which does not depend on the unit's size.");
   B("algorithm.penalty.clip", p.clip, "Clip the averaged pseudo-gradient to clipNorm.");
@@ -134,7 +154,7 @@ std::vector<Field> fieldsOf(Config& c) {
     "Overlap the next unit's sync and all-gather with this unit's compute.");
   B("algorithm.offloadOuterState", a.offloadOuterState,
     "Keep outer weights and momentum in host memory (GPU only).");
-  S("algorithm.syncCompression", a.syncCompression, oneOf(kCompressions),
+  E("algorithm.syncCompression", a.syncCompression,
     "Pseudo-gradients exchanged in the sync group: none (fp32), int8 or int4 (per-block absmax "
     "scaling with error feedback; about 26% or 13% of the fp32 bytes at any number of replicas). "
     "Also compresses the synchronous warm-up's gradient average across replicas (ddp stays "
@@ -185,7 +205,7 @@ std::vector<Field> fieldsOf(Config& c) {
     "Replica whose weights get noise; -1 corrupts none.");
   I("debug.corruptReplica.atSync", cr.atSync, ints(1),
     "Sync round (1-based) before which the noise is added.");
-  S("debug.corruptReplica.kind", cr.kind, oneOf(kCorruptKinds),
+  E("debug.corruptReplica.kind", cr.kind,
     "noise - add noise of standard deviation scale x the weights' RMS; pseudoGradient "
     "- multiply the replica's pseudo-gradient by scale.");
   D("debug.corruptReplica.scale", cr.scale, nums(0, 1e6, false, false),
@@ -207,9 +227,9 @@ std::vector<Field> fieldsOf(Config& c) {
   D("runtime.collectiveTimeoutSeconds", c.runtime.collectiveTimeoutSeconds,
     nums(0, 7 * 86400, true, false),
     "A collective that takes longer fails (a peer is gone).");
-  S("runtime.backend", c.runtime.backend, oneOf(kBackends),
+  E("runtime.backend", c.runtime.backend,
     "Process-group backend - auto picks nccl on a GPU and gloo on a CPU.");
-  S("runtime.recovery", c.runtime.recovery, oneOf(kRecoveryModes),
+  E("runtime.recovery", c.runtime.recovery,
     "When a peer dies in a local phase - inPlace waits for its replacement and "
     "re-forms the groups; exit exits 75 so the whole gang restarts from the newest "
     "checkpoint.");

@@ -1,6 +1,8 @@
 #include "link_advice.h"
 
 #include <cmath>
+
+#include "modes.h"
 #include <cstdio>
 
 namespace edit {
@@ -17,7 +19,8 @@ LinkMeasurement leastBlocked(const std::vector<LinkMeasurement>& ranks) {
 
 LinkAdvice adviseLink(const LinkMeasurement& m, double target) {
   LinkAdvice a;
-  if (m.mode == "ddp" || m.rounds < 3 || m.localSteps <= 0 || m.computeSeconds <= 0) return a;
+  const SyncClock clock = modeTraits(m.mode).clock;  // the measurement names its mode
+  if (clock == SyncClock::EveryStep || m.rounds < 3 || m.localSteps <= 0 || m.computeSeconds <= 0) return a;
   a.roundSeconds = m.blockedSeconds / static_cast<double>(m.rounds);
   a.stepSeconds = m.computeSeconds / static_cast<double>(m.localSteps);
   a.blockedShare = m.blockedSeconds / (m.blockedSeconds + m.computeSeconds);
@@ -35,7 +38,7 @@ LinkAdvice adviseLink(const LinkMeasurement& m, double target) {
                 100.0 * a.blockedShare, a.roundSeconds, a.stepSeconds, 100.0 * target);
   std::string t = head;
   char opt[160];
-  if (m.mode == "a-edit")
+  if (clock == SyncClock::Seconds)
     std::snprintf(opt, sizeof(opt), "algorithm.syncSeconds >= %.1f (now %.1f)", a.syncSeconds, m.syncSeconds);
   else
     std::snprintf(opt, sizeof(opt), "algorithm.syncInterval >= %lld (now %lld)",

@@ -59,7 +59,17 @@ inline const ModeTraits& modeTraits(std::string_view name) {
   return m ? *m : kModeTable[0];
 }
 
+// The row of a mode (the table is in enumerator order: checked below).
+inline const ModeTraits& modeTraits(Mode m) { return kModeTable[static_cast<size_t>(m)]; }
+constexpr bool tableInEnumOrder() {
+  for (size_t i = 0; i < kModeTable.size(); ++i)
+    if (kModeTable[i].mode != static_cast<Mode>(i)) return false;
+  return true;
+}
+static_assert(tableInEnumOrder(), "kModeTable's rows must follow enum class Mode's order");
+
 inline bool hasLocalPhases(std::string_view name) { return modeTraits(name).clock != SyncClock::EveryStep; }
+inline bool hasLocalPhases(Mode m) { return modeTraits(m).clock != SyncClock::EveryStep; }
 
 inline std::vector<std::string> modeNames() {
   std::vector<std::string> out;

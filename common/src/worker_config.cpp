@@ -79,6 +79,7 @@ std::string leafSchema(const Field& f) {
         if (r.hiOpen) add("exclusiveMaximum", "true");
       }
       break;
+    case Kind::Enum:
     case Kind::Str:
       add("type", "\"string\"");
       if (!r.choices.empty()) {
@@ -93,7 +94,7 @@ std::string leafSchema(const Field& f) {
   }
   if (!presetFilled(f.path)) {
     const std::string v = f.text();
-    add("default", f.kind == Kind::Str ? jsonString(v) : v);
+    add("default", f.kind == Kind::Str || f.kind == Kind::Enum ? jsonString(v) : v);
   }
   add("description", jsonString(f.doc));
   std::string o = "{";
@@ -212,22 +213,17 @@ void setRaw(Config& cfg, const std::string& path, const std::string& raw) {
 }  // namespace
 
 void applyModelPreset(ModelConfig& m, const std::string& preset) {
-  struct Sizes { const char* name; int64_t dim, layers, heads, ffn; };
-  static const Sizes kSizes[] = {
-      {"tiny", 128, 4, 4, 352},          {"small", 256, 6, 8, 704},
-      {"llama-350m", 1024, 24, 16, 2752}, {"llama-1b", 2048, 24, 16, 5504},
-      {"llama-3b", 3200, 26, 32, 8640},   {"llama-7b", 4096, 32, 32, 11008}};
   if (preset == "custom") {
     m.preset = preset;
     return;
   }
-  for (const auto& s : kSizes) {
-    if (preset != s.name) continue;
+  for (const auto& p : modelPresets()) {
+    if (preset != p.name) continue;
     m.preset = preset;
-    m.dim = s.dim;
-    m.layers = s.layers;
-    m.heads = s.heads;
-    m.ffnDim = s.ffn;
+    m.dim = p.dim;
+    m.layers = p.layers;
+    m.heads = p.heads;
+    m.ffnDim = p.ffnDim;
     return;  // vocabSize belongs to the tokenizer, not the preset
   }
   throw ConfigError("model.preset: must be one of " + join(presetNames()) + " (got \"" + preset + "\")");
@@ -400,7 +396,7 @@ std::string toYaml(const Config& cfg) {
       open.push_back(segs[i]);
     }
     out << YAML::Key << leaf << YAML::Value;
-    if (f.kind == Kind::Str) out << YAML::DoubleQuoted << f.text();
+    if (f.kind == Kind::Str || f.kind == Kind::Enum) out << YAML::DoubleQuoted << f.text();
     else out << f.text();
   }
   while (!open.empty()) {

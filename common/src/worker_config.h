@@ -3,11 +3,14 @@
 // Plain data, no LibTorch: the parser is cheap to compile and to fuzz.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "modes.h"
 
 namespace edit {
 
@@ -16,8 +19,77 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The configuration's enumerations, parsed once into these types (the names below are
+// their config and CRD values, in enumerator order; algorithm.mode is modes.h's Mode).
+enum class Backend { Auto, Gloo, Nccl };                // runtime.backend
+enum class RecoveryMode { InPlace, Exit };              // runtime.recovery
+enum class Weighting { Raw, Median };                   // algorithm.penalty.weighting
+enum class Compression { None, Int8, Int4 };            // algorithm.syncCompression
+enum class CorruptKind { Noise, PseudoGradient };       // debug.corruptReplica.kind
+
+template <class E>
+struct EnumNames;
+template <>
+struct EnumNames<Backend> {
+  static const std::vector<std::string>& get() {
+    static const std::vector<std::string> v{"auto", "gloo", "nccl"};
+    return v;
+  }
+};
+template <>
+struct EnumNames<RecoveryMode> {
+  static const std::vector<std::string>& get() {
+    static const std::vector<std::string> v{"inPlace", "exit"};
+    return v;
+  }
+};
+template <>
+struct EnumNames<Weighting> {
+  static const std::vector<std::string>& get() {
+    static const std::vector<std::string> v{"raw", "median"};
+    return v;
+  }
+};
+template <>
+struct EnumNames<Compression> {
+  static const std::vector<std::string>& get() {
+    static const std::vector<std::string> v{"none", "int8", "int4"};
+    return v;
+  }
+};
+template <>
+struct EnumNames<CorruptKind> {
+  static const std::vector<std::string>& get() {
+    static const std::vector<std::string> v{"noise", "pseudoGradient"};
+    return v;
+  }
+};
+template <>
+struct EnumNames<Mode> {
+  static const std::vector<std::string>& get() {
+    static const std::vector<std::string> v = modeNames();
+    return v;
+  }
+};
+
+// The config name of an enumerator, e.g. nameOf(Compression::Int8) == "int8".
+template <class E>
+const std::string& nameOf(E e) {
+  return EnumNames<E>::get().at(static_cast<size_t>(e));
+}
+// The enumerator of a config name; throws ConfigError naming `what` for an unknown one.
+template <class E>
+E enumOf(const std::string& name, const char* what) {
+  const auto& v = EnumNames<E>::get();
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] == name) return static_cast<E>(i);
+  std::string all;
+  for (const auto& n : v) all += (all.empty() ? "" : ", ") + n;
+  throw ConfigError(std::string(what) + ": must be one of " + all + " (got \"" + name + "\")");
+}
+
 struct ModelConfig {
-  std::string preset = "tiny";  // tiny | small | llama-350m | llama-1b | llama-3b | llama-7b | custom
+  std::string preset = "tiny";  // a name of modelPresets(), or custom
   int64_t vocabSize = 256;      // byte-level tokenizer by default
   int64_t dim = 128;
   int64_t layers = 4;
@@ -59,9 +131,9 @@ struct PenaltyConfig {
   int64_t anomalyWarmup = 120;  // EWMA updates before the z-test is trusted (the paper's)
   bool weighted = true;       // softmax(-g/T) weights over replicas
   double temperature = 1.0;
-  // What g is divided by in the softmax: "raw" (T alone, the paper) or "median" (T times
-  // the median norm of the round: weights independent of the unit's size). docs/algorithm.md.
-  std::string weighting = "raw";
+  // What g is divided by in the softmax: raw (T alone, the paper) or median (T times the
+  // median norm of the round: weights independent of the unit's size). docs/algorithm.md.
+  Weighting weighting = Weighting::Raw;
   bool clip = true;           // clip the averaged pseudo-gradient
   double clipNorm = 10.0;
   double stepShare = 0.5;     // A-EDiT: blend of the replicas' share of steps into the weights
@@ -79,7 +151,7 @@ struct OuterOptimizerConfig {
 };
 
 struct AlgorithmConfig {
-  std::string mode = "edit";  // edit | a-edit | diloco | localsgd | ddp
+  Mode mode = Mode::Edit;
   int64_t syncInterval = 16;  // tau: local steps between synchronizations
   double syncSeconds = 0;     // A-EDiT: wall time between synchronizations (required for a-edit)
   int64_t minStepsPerSync = 1;  // A-EDiT: skip a sync with fewer local steps than this
@@ -89,10 +161,9 @@ struct AlgorithmConfig {
   PenaltyConfig penalty;
   bool prefetch = true;       // overlap unit l+1's sync/all-gather with unit l's compute
   bool offloadOuterState = false;  // keep outer weights + momentum in host memory (GPU only)
-  // Pseudo-gradients exchanged in the sync group as fp32 ("none") or as per-block absmax
-  // int8 or int4 with error feedback ("int8", "int4"): docs/algorithm.md, "Compressed
-  // synchronization".
-  std::string syncCompression = "none";
+  // Pseudo-gradients exchanged in the sync group as fp32 (none) or as per-block absmax
+  // int8 or int4 with error feedback: docs/algorithm.md, "Compressed synchronization".
+  Compression syncCompression = Compression::None;
   int64_t compressionBlock = 256;  // elements per scale (int8/int4)
   // Local steps a sync round's exchange may run behind (0: none, the round completes in its
   // sync step): its outer step lands that many steps late, keeping the local progress made
@@ -139,7 +210,7 @@ struct CorruptReplica {
   int64_t atSync = 1;         // before this sync round (1-based)
   // noise: add noise of standard deviation scale x the weights' RMS; pseudoGradient:
   // multiply the replica's pseudo-gradient by scale (theta := outer - scale (outer - theta)).
-  std::string kind = "noise";
+  CorruptKind kind = CorruptKind::Noise;
   double scale = 10.0;
   bool nan = false;           // write a NaN instead
   int64_t rounds = 1;         // corrupt this many sync rounds, atSync, atSync + every, ...
@@ -161,11 +232,11 @@ struct DebugConfig {
 struct RuntimeConfig {
   int threads = 0;            // intra-op threads (0: cores / local workers)
   double collectiveTimeoutSeconds = 300;
-  std::string backend = "auto";  // auto | gloo | nccl
-  // When a peer dies in a local phase: "inPlace" keeps this process, waits for the
-  // replacement and re-forms the process groups (docs/replica-recovery.md); "exit" exits
+  Backend backend = Backend::Auto;
+  // When a peer dies in a local phase: inPlace keeps this process, waits for the
+  // replacement and re-forms the process groups (docs/replica-recovery.md); exit exits
   // 75 so the launcher restarts the gang from the newest checkpoint.
-  std::string recovery = "inPlace";
+  RecoveryMode recovery = RecoveryMode::InPlace;
   double rendezvousTimeoutSeconds = 600;  // how long survivors wait for replacements
   // ZeRO-3 (true): a unit's gathered parameters are freed after its forward and gathered
   // again for its backward. false: kept until the backward (ZeRO-2's memory: one all-gather
@@ -222,6 +293,13 @@ std::string toYaml(const Config& cfg);
 std::string workerConfigSchemaJson();
 // Keys and sections without a description (a unit test keeps this empty).
 std::vector<std::string> undocumentedConfigKeys();
+
+// The model presets: model.preset's names (and custom) and their sizes, in one table.
+struct ModelPreset {
+  const char* name;
+  int64_t dim, layers, heads, ffnDim;
+};
+const std::vector<ModelPreset>& modelPresets();
 
 // Fills model sizes from a preset name; throws ConfigError for an unknown one.
 void applyModelPreset(ModelConfig& m, const std::string& preset);

@@ -27,7 +27,7 @@ TEST(RuntimeConfig, FullSpecParsesInTheRuntime) {
   EXPECT_NO_THROW(edit::validate(c));
   EXPECT_DOUBLE_EQ(c.training.lr, 0.003);
   EXPECT_EQ(c.training.steps, 50);
-  EXPECT_EQ(c.algorithm.mode, "a-edit");
+  EXPECT_EQ(c.algorithm.mode, edit::Mode::AEdit);
   EXPECT_DOUBLE_EQ(c.algorithm.syncSeconds, 2.5);
   EXPECT_FALSE(c.algorithm.penalty.anomaly);
   EXPECT_EQ(c.checkpoint.dir, "/checkpoints/demo");
@@ -40,8 +40,8 @@ TEST(RuntimeConfig, ReplicaRecoveryBecomesRuntimeRecovery) {
   auto recovery = [](json runPolicy) {
     return edit::parseConfig(controller::workerConfigYaml(makeJob({{"image", "i"}, {"runPolicy", runPolicy}}))).runtime.recovery;
   };
-  EXPECT_EQ(recovery(json::object()), "inPlace");
-  EXPECT_EQ(recovery({{"replicaRecovery", "GangRestart"}}), "exit");
+  EXPECT_EQ(recovery(json::object()), edit::RecoveryMode::InPlace);
+  EXPECT_EQ(recovery({{"replicaRecovery", "GangRestart"}}), edit::RecoveryMode::Exit);
 }
 
 TEST(RuntimeConfig, RuntimeSectionReachesTheWorkerWithRecoveryFromRunPolicy) {
@@ -52,14 +52,14 @@ TEST(RuntimeConfig, RuntimeSectionReachesTheWorkerWithRecoveryFromRunPolicy) {
   edit::Config c = edit::parseConfig(controller::workerConfigYaml(makeJob(spec)));
   EXPECT_EQ(c.runtime.bucketMB, 8);
   EXPECT_FALSE(c.runtime.reshardAfterForward);
-  EXPECT_EQ(c.runtime.backend, "gloo");  // the default is auto
+  EXPECT_EQ(c.runtime.backend, edit::Backend::Gloo);  // the default is auto
   EXPECT_DOUBLE_EQ(c.runtime.rendezvousTimeoutSeconds, 120);
   EXPECT_EQ(c.runtime.threads, 3);
-  EXPECT_EQ(c.runtime.recovery, "exit");
+  EXPECT_EQ(c.runtime.recovery, edit::RecoveryMode::Exit);
   // Left out, the runtime's defaults apply.
   edit::Config d = edit::parseConfig(controller::workerConfigYaml(makeJob({{"image", "i"}})));
   EXPECT_EQ(d.runtime.bucketMB, edit::Config{}.runtime.bucketMB);
-  EXPECT_EQ(d.runtime.recovery, "inPlace");
+  EXPECT_EQ(d.runtime.recovery, edit::RecoveryMode::InPlace);
 }
 
 TEST(RuntimeConfig, EmptySectionsParse) {

@@ -11,16 +11,20 @@
 #include <cmath>
 
 #include "controller/desired.h"
-#include "controller/planner.h"
+#include "controller/plan_context.h"
 #include "link_advice.h"
 #include "modes.h"
 #include "worker_config.h"
 
 namespace edit::op::controller {
 
-void Planner::planLink() {
-  const auto& t = in_.telemetry;
-  if (!t.present || !spec_ || !edit::hasLocalPhases(spec_->mode())) return;
+using api::CondStatus;
+namespace condition = api::condition;
+namespace reason = api::reason;
+
+void planLink(PlanContext& c) {
+  const auto& t = c.in.telemetry;
+  if (!t.present || !c.spec || !edit::hasLocalPhases(c.spec->mode())) return;
   // Ranks with fewer than 3 rounds (adviseLink's own floor) say too little: a replacement
   // that joined by in-place recovery, a new replica, starts its count at zero.
   std::vector<LinkMeasurement> ranks;
@@ -31,37 +35,33 @@ void Planner::planLink() {
   int measured = 0;
   for (const auto& [rank, r] : t.ranks)
     if (r.local.blockedSeconds == m.blockedSeconds && r.local.rounds == m.rounds) measured = rank;
-  m.mode = std::string(spec_->mode());
+  m.mode = std::string(c.spec->mode());
   LinkAdvice a = adviseLink(m);
   if (!a.text.empty()) {
     // The settings the workers run with, defaults included (their own config file), for
     // the advice's wording. Parsed only for a job over the target: it costs 8x the rest
     // of a reconcile's planning.
-    const edit::Config cfg = edit::parseConfig(workerConfigYaml(JobRef{in_.meta, running_}));
+    const edit::Config cfg = edit::parseConfig(workerConfigYaml(JobRef{c.in.meta, c.running}));
     m.syncInterval = cfg.algorithm.syncInterval;
     m.syncSeconds = cfg.algorithm.syncSeconds;
-    m.compression = cfg.algorithm.syncCompression;
+    m.compression = edit::nameOf(cfg.algorithm.syncCompression);
     m.overlapSteps = cfg.algorithm.overlapSteps;
-    m.overlapAllowed = spec_->gpusPerWorker == 0;  // NCCL refuses overlapSteps
+    m.overlapAllowed = c.spec->gpusPerWorker == 0;  // NCCL refuses overlapSteps
     a = adviseLink(m);
   }
   auto round4 = [](double v) { return std::round(v * 1e4) / 1e4; };
-  st_["link"] = {{"rank", measured},
-                 {"blockedShare", round4(a.blockedShare)},
-                 {"roundSeconds", round4(a.roundSeconds)},
-                 {"stepSeconds", round4(a.stepSeconds)},
-                 {"rounds", m.rounds},
-                 {"localSteps", m.localSteps}};
+  c.st.link = api::LinkStatus{measured,   round4(a.blockedShare), round4(a.roundSeconds), round4(a.stepSeconds),
+                              m.rounds,   m.localSteps};
   if (!a.text.empty()) {
-    const bool fresh = !conditionTrue(st_, "LinkBound");
+    const bool fresh = !c.st.conditionTrue(condition::LinkBound);
     std::string msg = a.text;
     msg[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(msg[0])));
-    cond("LinkBound", "True", "SyncRoundsBlockTraining", msg);
-    if (fresh) event("Warning", "LinkBound", msg);
-  } else if (conditionTrue(st_, "LinkBound")) {
-    cond("LinkBound", "False", "LinkKeepsUp",
-         "the sync rounds blocked training " + std::to_string(static_cast<int>(100 * a.blockedShare + 0.5)) +
-             "% of the local phase, under 20%");
+    c.cond(condition::LinkBound, CondStatus::True, reason::SyncRoundsBlockTraining, msg);
+    if (fresh) c.event(api::kWarning, reason::LinkBound, msg);
+  } else {
+    c.endCondition(condition::LinkBound, reason::LinkKeepsUp,
+                   "the sync rounds blocked training " + std::to_string(static_cast<int>(100 * a.blockedShare + 0.5)) +
+                       "% of the local phase, under 20%");
   }
 }
 

@@ -167,10 +167,10 @@ int main(int argc, char** argv) {
   uint64_t lastTokens = 0;
   double stepSecondsTotal = 0, syncWorkTotal = 0;  // for the sync share in the summary
   LinkMeasurement link;  // the local phase's compute and blocked time (summary "link")
-  link.mode = cfg.algorithm.mode;
+  link.mode = nameOf(cfg.algorithm.mode);
   link.syncInterval = cfg.algorithm.syncInterval;
   link.syncSeconds = cfg.algorithm.syncSeconds;
-  link.compression = cfg.algorithm.syncCompression;
+  link.compression = nameOf(cfg.algorithm.syncCompression);
   link.overlapSteps = cfg.algorithm.overlapSteps;
   link.overlapAllowed = mesh.backend != "nccl";
   TrainerHooks hooks;
@@ -252,7 +252,7 @@ int main(int argc, char** argv) {
               {"device", "cpu"}};
 #ifdef EDIT_WITH_CUDA
     // The GPU this worker trained on (selectDevice, train/step_engine.h, made it current).
-    if (cfg.runtime.backend != "gloo" && torch::cuda::is_available()) {
+    if (cfg.runtime.backend != Backend::Gloo && torch::cuda::is_available()) {
       const int dev = c10::cuda::current_device();
       const DeviceMemoryPeak peak = deviceMemoryPeak(dev);
       s["device"] = "cuda:" + std::to_string(dev);

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <string>
 
+#include "worker_config.h"
+
 namespace edit {
 
 inline int64_t blockCount(int64_t n, int64_t block) { return (n + block - 1) / block; }
@@ -22,9 +24,7 @@ inline int64_t blockCount(int64_t n, int64_t block) { return (n + block - 1) / b
 // The codec of algorithm.syncCompression: 8 or 4 bits per value (0: none).
 struct Codec {
   int bits = 0;
-  static Codec of(const std::string& syncCompression) {
-    return {syncCompression == "int4" ? 4 : syncCompression == "int8" ? 8 : 0};
-  }
+  static Codec of(Compression c) { return {c == Compression::Int4 ? 4 : c == Compression::Int8 ? 8 : 0}; }
   bool on() const { return bits > 0; }
   int levels() const { return bits == 4 ? 7 : 127; }
   int64_t valueBytes(int64_t n) const { return bits == 4 ? (n + 1) / 2 : n; }

@@ -48,7 +48,7 @@ std::vector<double> replicaWeights(const std::vector<double>& norms,
     if (std::isfinite(g)) gmin = std::min(gmin, g);
   if (!std::isfinite(gmin)) return w;  // every replica anomalous
   double T = cfg.temperature;
-  if (weighted && cfg.weighting == "median") {
+  if (weighted && cfg.weighting == Weighting::Median) {
     std::vector<double> finite;
     for (double g : norms)
       if (std::isfinite(g)) finite.push_back(g);

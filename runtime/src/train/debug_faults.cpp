@@ -51,7 +51,7 @@ void FaultInjector::corruptBeforeRound(int64_t round, int replica, std::vector<F
     auto& u = units[i];
     if (c.nan) {
       u.slice[0] = std::numeric_limits<float>::quiet_NaN();
-    } else if (c.kind == "pseudoGradient") {
+    } else if (c.kind == CorruptKind::PseudoGradient) {
       // theta := start - scale (start - theta): the replica's pseudo-gradient times scale.
       auto start = startPoint(i);
       u.slice.sub_(start).mul_(c.scale).add_(start);
@@ -61,7 +61,7 @@ void FaultInjector::corruptBeforeRound(int64_t round, int replica, std::vector<F
     }
   }
   log_("debug.corruptReplica: corrupted replica " + std::to_string(c.replica) + " (" +
-       (c.nan ? std::string("nan") : c.kind + " x" + std::to_string(c.scale)) + ") before sync round " +
+       (c.nan ? std::string("nan") : nameOf(c.kind) + " x" + std::to_string(c.scale)) + ") before sync round " +
        std::to_string(round));
 }
 

@@ -26,12 +26,12 @@ Membership::Membership(const Config& cfg, MeshSpec& mesh, Groups& groups, Contro
       overlap_(cfg.algorithm.overlapSteps > 0 && localPhases_) {}
 
 bool Membership::recoversInPlace() const {
-  return cfg_.runtime.recovery == "inPlace" && localPhases_ && mesh_.backend != "nccl";
+  return cfg_.runtime.recovery == RecoveryMode::InPlace && localPhases_ && mesh_.backend != "nccl";
 }
 
 const char* Membership::whyNotScalable() const {
   return !localPhases_ ? "a local mode (edit, a-edit, diloco or localsgd): ddp has no sync rounds"
-         : cfg_.runtime.recovery != "inPlace"
+         : cfg_.runtime.recovery != RecoveryMode::InPlace
              ? "runtime.recovery inPlace (a scale re-forms the world like an in-place recovery)"
          : overlap_                ? "algorithm.overlapSteps 0"
          : mesh_.backend == "nccl" ? "the Gloo backend (the NCCL path of a re-formed world has not run)"
@@ -154,7 +154,7 @@ Control Membership::exchangeControl(int64_t t) {
 bool Membership::recoverInPlace(const PeerLost& e) {
   // NCCL: tearing down a communicator with work in flight needs ncclCommAbort, which this
   // LibTorch's ProcessGroupNCCL does not expose; the GPU path has not run yet either.
-  const char* why = cfg_.runtime.recovery != "inPlace"            ? " (runtime.recovery=exit)"
+  const char* why = cfg_.runtime.recovery != RecoveryMode::InPlace ? " (runtime.recovery=exit)"
                     : !localPhases_ || !schedule_->outerReady()    ? " (no outer state yet: synchronous phase)"
                     : mesh_.backend == "nccl"                      ? " (not supported with NCCL yet)"
                     : overlap_                                     ? " (not supported with algorithm.overlapSteps)"

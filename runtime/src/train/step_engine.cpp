@@ -12,12 +12,12 @@
 namespace edit {
 
 torch::Device selectDevice(const RuntimeConfig& rt, MeshSpec& mesh) {
-  const std::string& b = rt.backend;
+  const Backend b = rt.backend;
   bool cuda = false;
 #ifdef EDIT_WITH_CUDA
-  cuda = b != "gloo" && torch::cuda::is_available();
+  cuda = b != Backend::Gloo && torch::cuda::is_available();
 #endif
-  if (b == "nccl" && !cuda)
+  if (b == Backend::Nccl && !cuda)
     throw ConfigError("runtime.backend: nccl needs a CUDA build (-DEDIT_WITH_CUDA=ON) and a visible GPU");
   mesh.backend = cuda ? "nccl" : "gloo";
   if (!cuda) return torch::kCPU;

@@ -60,7 +60,7 @@ TEST(Config, DefaultsAreValid) {
   EXPECT_NO_THROW(edit::validate(c));
   Config parsed = edit::parseConfig("");
   EXPECT_EQ(parsed.model.dim, 128);
-  EXPECT_EQ(parsed.algorithm.mode, "edit");
+  EXPECT_EQ(parsed.algorithm.mode, edit::Mode::Edit);
   EXPECT_EQ(parsed.metrics.port, -1);
 }
 
@@ -82,10 +82,10 @@ debug:
   corruptReplica: {replica: 0, atSync: 2, nan: true, kind: pseudoGradient, rounds: 3, every: 2}
 runtime: {threads: 2, backend: gloo}
 )");
-  EXPECT_EQ(c.algorithm.penalty.weighting, "median");
+  EXPECT_EQ(c.algorithm.penalty.weighting, edit::Weighting::Median);
   EXPECT_EQ(c.algorithm.penalty.maxSkippedRounds, 0);
   EXPECT_DOUBLE_EQ(c.algorithm.outer.momentum, 0.9);
-  EXPECT_EQ(c.debug.corruptReplica.kind, "pseudoGradient");
+  EXPECT_EQ(c.debug.corruptReplica.kind, edit::CorruptKind::PseudoGradient);
   EXPECT_EQ(c.debug.corruptReplica.rounds, 3);
   EXPECT_EQ(c.debug.corruptReplica.every, 2);
   EXPECT_EQ(c.model.dim, 256);
@@ -93,7 +93,7 @@ runtime: {threads: 2, backend: gloo}
   EXPECT_EQ(c.data.val, "");
   EXPECT_EQ(c.training.seed, 18446744073709551615ULL);
   EXPECT_DOUBLE_EQ(c.training.lr, 1e-3);
-  EXPECT_EQ(c.algorithm.mode, "a-edit");
+  EXPECT_EQ(c.algorithm.mode, edit::Mode::AEdit);
   EXPECT_FALSE(c.algorithm.outer.nesterov);
   EXPECT_FALSE(c.algorithm.penalty.anomaly);
   EXPECT_DOUBLE_EQ(c.algorithm.penalty.zThreshold, 2.0);
@@ -101,7 +101,7 @@ runtime: {threads: 2, backend: gloo}
   EXPECT_EQ(c.telemetry.token, "s3cret");
   EXPECT_EQ(c.debug.injectStepDelay.rank, 1);
   EXPECT_TRUE(c.debug.corruptReplica.nan);
-  EXPECT_EQ(c.runtime.backend, "gloo");
+  EXPECT_EQ(c.runtime.backend, edit::Backend::Gloo);
 }
 
 TEST(Config, OuterMomentumDefaultsToTheModes) {
@@ -200,7 +200,7 @@ TEST(Config, Overrides) {
   EXPECT_DOUBLE_EQ(c.algorithm.penalty.zThreshold, 2.5);
   EXPECT_EQ(c.data.seqLen, 256);
   EXPECT_EQ(c.model.dim, 2048);
-  EXPECT_EQ(c.algorithm.mode, "diloco");
+  EXPECT_EQ(c.algorithm.mode, edit::Mode::DiLoCo);
   EXPECT_EQ(c.data.val, "");
   EXPECT_NE(overrideErrorOf("algorithm.penalty.zThreshold=abc").find(
                 "algorithm.penalty.zThreshold: must be a number > 0 (got \"abc\")"),
@@ -271,7 +271,7 @@ runtime: {backend: nccl, collectiveTimeoutSeconds: 12.5}
   EXPECT_EQ(back.training.seed, 18446744073709551615ULL);
   EXPECT_DOUBLE_EQ(back.algorithm.penalty.stepShare, 0.33);
   EXPECT_TRUE(back.debug.injectStepDelay.random);
-  EXPECT_EQ(back.runtime.backend, "nccl");
+  EXPECT_EQ(back.runtime.backend, edit::Backend::Nccl);
 
   Config defaults;
   EXPECT_EQ(edit::toYaml(edit::parseConfig(edit::toYaml(defaults))), edit::toYaml(defaults));
@@ -420,13 +420,13 @@ TEST(ModeTable, TheConfigAcceptsExactlyTheTablesModesWithTheirClocks) {
 }
 
 TEST(Config, SyncCompression) {
-  EXPECT_EQ(edit::parseConfig("").algorithm.syncCompression, "none");
+  EXPECT_EQ(edit::parseConfig("").algorithm.syncCompression, edit::Compression::None);
   EXPECT_EQ(edit::parseConfig("").algorithm.compressionBlock, 256);
   auto c = edit::parseConfig("algorithm: {syncCompression: int8, compressionBlock: 64}");
-  EXPECT_EQ(c.algorithm.syncCompression, "int8");
+  EXPECT_EQ(c.algorithm.syncCompression, edit::Compression::Int8);
   EXPECT_EQ(c.algorithm.compressionBlock, 64);
   EXPECT_NE(edit::toYaml(c).find("syncCompression: \"int8\""), std::string::npos);
-  EXPECT_EQ(edit::parseConfig("algorithm: {syncCompression: int4}").algorithm.syncCompression, "int4");
+  EXPECT_EQ(edit::parseConfig("algorithm: {syncCompression: int4}").algorithm.syncCompression, edit::Compression::Int4);
   EXPECT_NE(errorOf("algorithm: {syncCompression: int2}").find("algorithm.syncCompression: must be one of none, int8, int4"),
             std::string::npos);
   EXPECT_NE(errorOf("algorithm: {compressionBlock: 8}").find("algorithm.compressionBlock: must be an integer in [16, 1048576]"),

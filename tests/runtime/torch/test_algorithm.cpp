@@ -103,7 +103,7 @@ TEST(Weights, AnomalousReplicaGetsZeroAndUniformWhenUnweighted) {
 
 TEST(Weights, MedianTemperatureDoesNotDependOnTheScale) {
   PenaltyConfig p;
-  p.weighting = "median";
+  p.weighting = Weighting::Median;
   const double inf = std::numeric_limits<double>::infinity();
   // Median of the kept norms {10, 20, 30} is 20: softmax(-g/20).
   auto w = replicaWeights({10.0, 20.0, inf, 30.0}, {}, p, true, false);

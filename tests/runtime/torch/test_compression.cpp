@@ -248,9 +248,9 @@ Scenario makeScenario(int M, int N, int rounds, const std::function<double(int, 
 
 SyncSettings compressedSettings(const std::string& mode, const std::string& codec) {
   AlgorithmConfig a;
-  a.mode = mode;
+  a.mode = enumOf<Mode>(mode, "mode");
   a.penalty.anomalyWarmup = 4;
-  a.syncCompression = codec;
+  a.syncCompression = enumOf<Compression>(codec, "codec");
   a.compressionBlock = 16;
   return syncSettingsFor(a);
 }

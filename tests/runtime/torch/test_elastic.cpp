@@ -49,7 +49,7 @@ const std::vector<std::string> kCopiedState = {"theta", "adam_m", "adam_v", "ewm
 Config smallEdit(const std::string& dir) {
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 3));
   c.training.steps = 16;
-  c.algorithm.mode = "edit";
+  c.algorithm.mode = Mode::Edit;
   c.checkpoint.dir = dir + "/ckpt";
   return c;
 }
@@ -104,7 +104,7 @@ TEST(ElasticResume, MoreReplicasCopyAnExistingReplicasWholeState) {
   at::set_num_threads(1);
   const auto dir = test::tempDir("edit-resume-grow");
   auto c = smallEdit(dir);
-  c.algorithm.syncCompression = "int8";
+  c.algorithm.syncCompression = Compression::Int8;
   c.algorithm.compressionBlock = 16;
   train(c, 2, 2, [](int, Trainer& t, const StepReport& r) { if (r.step == 7) t.requestStop(); });
   std::vector<NamedTensors> before;

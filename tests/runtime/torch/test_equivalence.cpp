@@ -28,7 +28,7 @@ struct RefReplica {
 // Each mode's sync settings as docs/algorithm.md states them (not syncSettingsFor).
 ref::Params paramsFor(const AlgorithmConfig& a) {
   ref::Params p;
-  const bool baseline = a.mode == "diloco" || a.mode == "localsgd";
+  const bool baseline = a.mode == Mode::DiLoCo || a.mode == Mode::LocalSgd;
   p.anomaly = !baseline && a.penalty.anomaly;
   p.weighted = !baseline && a.penalty.weighted;
   p.clip = !baseline && a.penalty.clip;
@@ -36,12 +36,12 @@ ref::Params paramsFor(const AlgorithmConfig& a) {
   p.z = a.penalty.zThreshold;
   p.warmup = a.penalty.anomalyWarmup;
   p.temperature = a.penalty.temperature;
-  p.medianTemperature = a.penalty.weighting == "median";
+  p.medianTemperature = a.penalty.weighting == Weighting::Median;
   p.clipNorm = a.penalty.clipNorm;
   p.lr = a.outer.lr;
-  p.momentum = a.outer.momentum >= 0 ? a.outer.momentum : a.mode == "diloco" ? 0.9 : 0.8;
+  p.momentum = a.outer.momentum >= 0 ? a.outer.momentum : a.mode == Mode::DiLoCo ? 0.9 : 0.8;
   p.nesterov = a.outer.nesterov;
-  if (a.mode == "localsgd") {
+  if (a.mode == Mode::LocalSgd) {
     p.lr = 1;
     p.momentum = 0;
     p.nesterov = false;
@@ -81,7 +81,7 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
   for (int r = 0; r < M * N; ++r)
     samplers.emplace_back(file, c.data.seqLen, c.data.batchSize, c.training.seed, r);
   const auto& a = c.algorithm;
-  const bool local = a.mode != "ddp";
+  const bool local = a.mode != Mode::Ddp;
   const auto rp = paramsFor(a);
 
   std::vector<RefReplica> reps(M);
@@ -113,8 +113,8 @@ std::vector<std::vector<torch::Tensor>> reference(const Config& c, int M, int N)
   std::vector<std::vector<ref::Stats>> stats(U, std::vector<ref::Stats>(M));
   // int8: each rank's slice (chunk = numel / N rounded up; the last one padded with
   // zeros) goes through ref::sendWithFeedback; its residual is kept per rank.
-  const bool int8 = a.syncCompression != "none";  // int8 or int4
-  const int levels = a.syncCompression == "int4" ? 7 : 127;
+  const bool int8 = a.syncCompression != Compression::None;  // int8 or int4
+  const int levels = a.syncCompression == Compression::Int4 ? 7 : 127;
   // The average goes through ref::averageAndSend at its owner (sync rank c owns part c of
   // each slice), whose residual is kept per rank too.
   std::vector<std::vector<std::vector<float>>> residual(U), ownerResidual(U);
@@ -354,11 +354,11 @@ TEST_P(Equivalence, ShardedRunMatchesSingleProcessReference) {
   const auto [mode, M, N, reshard, prefetch, bucketMB, compression, overlap] = GetParam();
   const auto dir = test::tempDir("edit-equiv");
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 7));
-  c.algorithm.mode = mode;
+  c.algorithm.mode = enumOf<Mode>(mode, "mode");
   c.runtime.reshardAfterForward = reshard;
   c.algorithm.prefetch = prefetch;
   c.runtime.bucketMB = bucketMB;
-  c.algorithm.syncCompression = compression;
+  c.algorithm.syncCompression = enumOf<Compression>(compression, "compression");
   c.algorithm.overlapSteps = overlap;
   c.algorithm.compressionBlock = 64;  // several blocks per slice, and a tail
   const int port = test::freePort();

@@ -60,7 +60,7 @@ ref::Params refParams(const SyncSettings& s) {
   p.temperature = s.penalty.temperature;
   p.clipNorm = s.penalty.clipNorm;
   p.warmup = s.penalty.anomalyWarmup;
-  p.medianTemperature = s.penalty.weighting == "median";
+  p.medianTemperature = s.penalty.weighting == Weighting::Median;
   p.stepShare = s.stepShare ? s.penalty.stepShare : 0;
   p.lr = s.lr;
   p.momentum = s.momentum;
@@ -160,7 +160,7 @@ std::vector<ref::Round> expectMatchesReference(const Scenario& sc, const SyncSet
 
 SyncSettings editSettings(int64_t warmup = 5) {
   AlgorithmConfig a;
-  a.mode = "edit";
+  a.mode = Mode::Edit;
   a.penalty.anomalyWarmup = warmup;
   return syncSettingsFor(a);
 }
@@ -286,10 +286,10 @@ TEST(PenaltyReference, WeightingVariantsAndAEditStepShares) {
     SCOPED_TRACE(name(M, N));
     auto sc = makeScenario(M, N, 4, [](int, int m, double g) { return 40 * g * (1 + 0.5 * m); });
     auto s = editSettings(5);
-    s.penalty.weighting = "median";
+    s.penalty.weighting = Weighting::Median;
     auto rounds = expectMatchesReference(sc, s, runDistributed(sc, s));
     EXPECT_GT(rounds[0].weights[M - 1], 0.05) << "median temperature keeps every replica in";
-    s.penalty.weighting = "raw";
+    s.penalty.weighting = Weighting::Raw;
     rounds = expectMatchesReference(sc, s, runDistributed(sc, s));
     EXPECT_LT(rounds[0].weights[M - 1], 1e-6) << "raw softmax of large norms is one-hot";
     s.penalty.weighted = false;
@@ -301,7 +301,7 @@ TEST(PenaltyReference, WeightingVariantsAndAEditStepShares) {
       for (int m = 0; m < M; ++m) steps.steps.back().push_back(1 + 3 * m + k);
     }
     AlgorithmConfig a;
-    a.mode = "a-edit";
+    a.mode = Mode::AEdit;
     a.syncSeconds = 1;
     a.penalty.anomalyWarmup = 2;
     const auto as = syncSettingsFor(a);
@@ -339,7 +339,7 @@ TEST(PenaltyReference, BaselinesMatchAndRunOnlyTheAverage) {
     EXPECT_DOUBLE_EQ(syncSettingsFor(a).momentum, mu) << mode;
   }
   a.outer.momentum = 0.5;
-  a.mode = "diloco";
+  a.mode = Mode::DiLoCo;
   EXPECT_DOUBLE_EQ(syncSettingsFor(a).momentum, 0.5);
   a.mode = "localsgd";  // plain averaging is its definition
   EXPECT_DOUBLE_EQ(syncSettingsFor(a).momentum, 0.0);

@@ -40,7 +40,7 @@ TEST(RecoveryPenalty, RoundsAfterAnInPlaceRecoveryMatchTheReference) {
   const auto dir = test::tempDir("edit-recovery-penalty");
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 11));
   c.training.steps = 27;
-  c.algorithm.mode = "edit";
+  c.algorithm.mode = Mode::Edit;
   c.algorithm.penalty.anomalyWarmup = 2;
   c.algorithm.penalty.clipNorm = 0.5;  // clipping active in some rounds too
   c.runtime.rendezvousTimeoutSeconds = 60;

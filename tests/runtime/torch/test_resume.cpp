@@ -57,7 +57,7 @@ TEST(Resume, StopAndResumeEqualsStraightRun) {
   const auto dir = test::tempDir("edit-resume");
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 3));
   c.training.steps = 16;
-  c.algorithm.mode = "edit";
+  c.algorithm.mode = Mode::Edit;
   const auto straight = train(c, 2, 2, nullptr);
 
   c.checkpoint.dir = dir + "/ckpt";
@@ -72,8 +72,8 @@ TEST(Resume, Int8ResidualIsCheckpointed) {
   const auto dir = test::tempDir("edit-resume-int8");
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 3));
   c.training.steps = 16;
-  c.algorithm.mode = "edit";
-  c.algorithm.syncCompression = "int8";
+  c.algorithm.mode = Mode::Edit;
+  c.algorithm.syncCompression = Compression::Int8;
   c.algorithm.compressionBlock = 16;
   const auto straight = train(c, 2, 2, nullptr);
   c.checkpoint.dir = dir + "/ckpt";
@@ -105,7 +105,7 @@ TEST(Resume, OverlappedRoundIsAppliedBeforeACheckpoint) {
   const auto dir = test::tempDir("edit-resume-overlap");
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 3));
   c.training.steps = 16;
-  c.algorithm.mode = "edit";
+  c.algorithm.mode = Mode::Edit;
   c.algorithm.overlapSteps = 3;  // = syncInterval: in flight until the next round
   c.checkpoint.everySteps = 9;
   c.checkpoint.dir = dir + "/straight";
@@ -122,7 +122,7 @@ TEST(Resume, CorruptNewestCheckpointFallsBackToPrevious) {
   at::set_num_threads(1);
   const auto dir = test::tempDir("edit-corrupt");
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 4));
-  c.algorithm.mode = "ddp";
+  c.algorithm.mode = Mode::Ddp;
   c.training.steps = 10;
   c.checkpoint.dir = dir + "/ckpt";
   c.checkpoint.everySteps = 4;

@@ -512,6 +512,7 @@ TEST(KvLimitsTest, ManyClientsComeAndGoWithoutGrowingTheServer) {
   auto server = serve();
   const int before = threadsNow();
   for (int round = 0; round < 20; ++round) {
+    ASSERT_TRUE(eventually([&] { return server->connections() == 0; })) << "round " << round;
     std::vector<std::unique_ptr<KvClient>> clients;
     for (int i = 0; i < 10; ++i) {
       clients.push_back(std::make_unique<KvClient>("127.0.0.1", server->port(), 1s, 2s, kJob));

@@ -20,7 +20,7 @@
 #include <optional>
 #include <thread>
 
-#include "bin/blas_env.h"
+#include "launch/blas_env.h"
 #include "train/checkpoint.h"
 #include "data/data.h"
 #include "export/hf_export.h"

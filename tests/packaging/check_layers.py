@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The runtime's layers, as runtime/README.md draws them:
 
-- the folders that build the LibTorch-free libraries (data/, telemetry/,
+- the folders that build the LibTorch-free libraries (data/, telemetry/, launch/,
   train/recovery_plan.* and dist/kv_store.*) never include LibTorch, directly or through a project header;
 - every source file under runtime/src is named in runtime/README.md's map (its folder
   row), so the map cannot drift from the tree.
@@ -46,7 +46,7 @@ def torch_chain(path, seen=None):
 def main():
     errors = []
     torch_free = []
-    for folder in ("data", "telemetry"):
+    for folder in ("data", "telemetry", "launch"):
         d = os.path.join(SRC, folder)
         torch_free += [os.path.join(d, f) for f in sorted(os.listdir(d))]
     torch_free += [os.path.join(SRC, "train", f) for f in ("recovery_plan.h", "recovery_plan.cpp")]

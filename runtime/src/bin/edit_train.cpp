@@ -15,9 +15,9 @@
 #include <iostream>
 #include <thread>
 
-#include "bin/blas_env.h"
+#include "launch/blas_env.h"
 #include "train/checkpoint.h"
-#include "train/link_advice_json.h"
+#include "link_advice_json.h"
 #include "worker_config.h"
 #include "model/cpu_allocator.h"
 #include "data/data.h"
@@ -94,6 +94,183 @@ Config loadConfig(int argc, char** argv, bool& printOnly) {
   return cfg;
 }
 
+// Intra-op threads: the cores shared by the workers on this machine; one pool only.
+void configureThreads(const Config& cfg) {
+  int threads = cfg.runtime.threads;
+  if (threads <= 0) {
+    const int local = std::max(1, std::atoi(envOr("EDIT_LOCAL_WORLD_SIZE", "1").c_str()));
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
+  }
+  if (cfg.runtime.allocatorCacheMB > 0) installCachingCpuAllocator(cfg.runtime.allocatorCacheMB << 20);
+  at::set_num_threads(threads);
+  at::set_num_interop_threads(1);
+  // OpenBLAS keeps its own pool (one thread per core by default) beside LibTorch's, and
+  // its idle threads spin: with several workers per machine that ate ~35% of the CPU.
+  if (auto* setBlasThreads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+    setBlasThreads(threads);
+}
+
+// Where a worker's progress goes besides its logs: /metrics and the operator.
+struct Reporting {
+  std::unique_ptr<WorkerMetrics> metrics;
+  std::unique_ptr<TelemetryClient> telemetry;
+};
+
+Reporting startReporting(const Config& cfg, const MeshSpec& mesh, const std::string& job, const std::string& tag) {
+  Reporting r;
+  if (cfg.metrics.port >= 0) {
+    r.metrics = std::make_unique<WorkerMetrics>(cfg.metrics.host, cfg.metrics.port, job, mesh.rank,
+                                                mesh.rank / mesh.shards, mesh.rank % mesh.shards);
+    std::cerr << tag << "metrics on http://" << cfg.metrics.host << ":" << r.metrics->port() << "/metrics\n";
+  }
+  if (!cfg.telemetry.addr.empty())
+    r.telemetry = std::make_unique<TelemetryClient>(
+        cfg.telemetry.addr, cfg.telemetry.token,
+        TelemetryIdentity{envOr("EDIT_NAMESPACE", "default"), job, envOr("POD_NAME", envOr("HOSTNAME", "local")),
+                          envOr("POD_UID", ""), envOr("NODE_NAME", ""), mesh.restartGeneration},
+        TelemetryTls{cfg.telemetry.tlsCaFile, cfg.telemetry.tlsServerName}, cfg.telemetry.heartbeatSeconds);
+  return r;
+}
+
+// What the per-step hook accumulates for the summary, and the "@edit" lines it prints.
+struct StepLog {
+  const Config& cfg;
+  Reporting& out;
+  double lastT = nowSeconds();
+  uint64_t lastTokens = 0;
+  double stepSecondsTotal = 0, syncWorkTotal = 0;  // for the sync share in the summary
+  LinkMeasurement link;  // the local phase's compute and blocked time (summary "link")
+
+  StepLog(const Config& c, Reporting& o, const MeshSpec& mesh) : cfg(c), out(o) {
+    link.mode = nameOf(cfg.algorithm.mode);
+    link.syncInterval = cfg.algorithm.syncInterval;
+    link.syncSeconds = cfg.algorithm.syncSeconds;
+    link.compression = nameOf(cfg.algorithm.syncCompression);
+    link.overlapSteps = cfg.algorithm.overlapSteps;
+    link.overlapAllowed = mesh.backend != "nccl";
+  }
+
+  void onStep(const StepReport& r) {
+    stepSecondsTotal += r.stepSeconds;
+    syncWorkTotal += r.lastSyncDurationSeconds;
+    link.localSteps = r.local.localSteps;
+    link.computeSeconds = r.local.computeSeconds;
+    link.blockedSeconds = r.local.blockedSeconds;
+    link.rounds = r.local.rounds;
+    if (out.metrics) out.metrics->update(r);
+    if (out.telemetry) relay(r, *out.telemetry);
+    if (r.step % std::max<int64_t>(1, cfg.training.logEvery) == 0 || r.step == r.totalSteps) printLine(r);
+  }
+
+  // Sends the report, and hands the operator's commands to the trainer: the replica count
+  // goes to rank 0's next control exchange (docs/elastic.md).
+  void relay(const StepReport& r, TelemetryClient& t) const {
+    if (r.step % std::max<int64_t>(1, cfg.telemetry.everySteps) == 0 || r.step == r.totalSteps) t.send(r);
+    switch (t.takeCommand()) {
+      case OperatorCommand::Stop: gRequests.stop = true; break;
+      case OperatorCommand::Checkpoint: gRequests.checkpoint = true; break;
+      default: break;
+    }
+    if (const int target = t.takeScaleTarget(); target > 0) gRequests.scaleTarget = target;
+  }
+
+  void printLine(const StepReport& r) {
+    const double now = nowSeconds();
+    json j = {{"rank", r.rank}, {"replica", r.replica}, {"shard", r.shard}, {"step", r.step},
+              {"total", r.totalSteps}, {"replicas", r.replicas}, {"loss", r.loss}, {"lr", r.lr}, {"tokens", r.tokens},
+              {"tps", (r.tokens - lastTokens) / std::max(1e-9, now - lastT)},
+              {"sync_rounds", r.syncRounds}, {"anomalies", r.anomalies},
+              {"outer_skips", r.outerSkips}, {"skip_streak", r.skipStreak},
+              {"pgnorm", r.pseudoGradNorm}, {"phase", r.phase},
+              {"comm_wait", r.commWaitSeconds}, {"step_seconds", r.stepSeconds}};
+    std::cout << "@edit " << j.dump() << std::endl;
+    lastT = now;
+    lastTokens = r.tokens;
+  }
+};
+
+// The "@edit-summary" line: what edit-run's table, the benchmarks and the tests read.
+json summaryJson(const Config& cfg, const MeshSpec& mesh, const TrainResult& res, const StepLog& steps) {
+  double wait = 0;
+  json comm = json::array();
+  for (const auto& [k, c] : res.comm) {
+    wait += c.waitSeconds;
+    comm.push_back({{"op", k.first}, {"group", k.second}, {"bytes", c.bytes}, {"wait", c.waitSeconds},
+                    {"calls", c.calls}});
+  }
+  // No step in this run (resumed from the final checkpoint): no training loss to report.
+  const json loss = res.tokensThisRun > 0 ? json(res.finalLoss) : json(nullptr);
+  const auto& m = res.memory;
+  json s = {{"rank", mesh.rank}, {"replica", mesh.rank / mesh.shards}, {"shard", mesh.rank % mesh.shards},
+            {"steps", res.steps}, {"loss", loss}, {"val_loss", res.valLoss}, {"tokens", res.tokens},
+            {"seconds", res.seconds}, {"tps", res.tokensThisRun / std::max(1e-9, res.seconds)},
+            {"train_seconds", res.trainSeconds}, {"startup_seconds", res.startupSeconds},
+            {"train_tps", res.tokensThisRun / std::max(1e-9, res.trainSeconds)},
+            {"sync_rounds", res.syncRounds}, {"anomalies", res.anomalies},
+            {"outer_skips", res.outerSkips}, {"steps_awaiting_round", res.stepsAwaitingRound},
+            {"comm_wait", wait}, {"resumed_from", res.resumedFrom},
+            {"stopped", res.stopped}, {"joined", res.joined}, {"recoveries", res.recoveries},
+            {"recovery_seconds", res.recoverySeconds}, {"steps_rolled_back", res.stepsRolledBack},
+            {"scales", res.scales}, {"scale_seconds", res.scaleSeconds}, {"left_at_scale", res.leftAtScale},
+            {"scales_abandoned", res.scalesAbandoned},
+            {"comm", comm}, {"peak_rss_bytes", peakRssBytes()},
+            {"memory_plan", {{"state", m.state()}, {"buffers", m.buffers}, {"parameters", m.parameters},
+                             {"gradients", m.gradients}, {"optimizer", m.optimizer}, {"outer", m.outer},
+                             {"overlap", m.overlap}}},
+            // Efficiency reports (scripts/gpu-smoke.sh): model FLOPs, and the time of the
+            // steps and of the synchronization work within them.
+            {"params", parameterCount(shapeOf(cfg.model))},
+            {"flops_per_token", flopsPerToken(shapeOf(cfg.model), cfg.data.seqLen)},
+            {"step_seconds_total", steps.stepSecondsTotal}, {"sync_work_seconds", steps.syncWorkTotal},
+            // The local phase's time, for edit-run's advice on a slow link (common/src/link_advice.h).
+            {"link", steps.link},
+            {"device", "cpu"}};
+#ifdef EDIT_WITH_CUDA
+  // The GPU this worker trained on (selectDevice, train/step_engine.h, made it current).
+  if (cfg.runtime.backend != Backend::Gloo && torch::cuda::is_available()) {
+    const int dev = c10::cuda::current_device();
+    const DeviceMemoryPeak peak = deviceMemoryPeak(dev);
+    s["device"] = "cuda:" + std::to_string(dev);
+    s["peak_gpu_allocated_bytes"] = peak.allocated;
+    s["peak_gpu_reserved_bytes"] = peak.reserved;
+  }
+#endif
+  return s;
+}
+
+// The exit code of a run that threw (common/src/exit_codes.h), with the reason written
+// where the operator reads it.
+int exitCodeOf(std::exception_ptr failure, const std::string& tag) {
+  auto fail = [&](int code, const std::string& what, const std::string& reason) {
+    std::cerr << tag << what << reason << "\n";
+    terminationMessage(what + reason);
+    return code;
+  };
+  try {
+    std::rethrow_exception(failure);
+  } catch (const TrainingStalled& e) {
+    return fail(kExitStalled, "", e.what());
+  } catch (const ConfigError& e) {
+    return fail(kExitInvalidInput, "invalid configuration: ", e.what());
+  } catch (const CheckpointLayoutError& e) {
+    return fail(kExitInvalidInput, "invalid checkpoint: ", e.what());
+  } catch (const data::DataError& e) {
+    return fail(kExitInvalidInput, "invalid data: ", e.what());
+  } catch (const LeftAlone& e) {
+    std::cerr << tag << "left the job: " << e.what() << "\n";
+    return kExitLeft;
+  } catch (const PeerLost& e) {
+    // Retryable, but the operator's Recovering condition should say what went wrong (the
+    // log's tail before it is step reports).
+    return fail(kExitPeerLost, "peer lost: ", e.what());
+  } catch (const c10::Error& e) {
+    // Collectives fail this way when a peer dies or times out: retryable.
+    return fail(kExitPeerLost, "collective failed (peer lost?): ", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return fail(kExitFailure, "error: ", e.what());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,179 +299,31 @@ int main(int argc, char** argv) {
   // One replica more (USR1) or fewer (USR2) at the next sync round (docs/elastic.md).
   std::signal(SIGUSR1, [](int) { gRequests.scaleDelta.fetch_add(1); });
   std::signal(SIGUSR2, [](int) { gRequests.scaleDelta.fetch_sub(1); });
+  configureThreads(cfg);
 
-  // Intra-op threads: the cores shared by the workers on this machine.
-  int threads = cfg.runtime.threads;
-  if (threads <= 0) {
-    const int local = std::max(1, std::atoi(envOr("EDIT_LOCAL_WORLD_SIZE", "1").c_str()));
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local);
-  }
-  if (cfg.runtime.allocatorCacheMB > 0) installCachingCpuAllocator(cfg.runtime.allocatorCacheMB << 20);
-  at::set_num_threads(threads);
-  at::set_num_interop_threads(1);
-  // OpenBLAS keeps its own pool (one thread per core by default) beside LibTorch's, and
-  // its idle threads spin: with several workers per machine that ate ~35% of the CPU.
-  if (auto* setBlasThreads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    setBlasThreads(threads);
-
-  const std::string job = envOr("EDIT_JOB", "local");
-  const int replica = mesh.rank / mesh.shards, shard = mesh.rank % mesh.shards;
   const std::string tag = "[rank " + std::to_string(mesh.rank) + "] ";
   if (auto* coreName = reinterpret_cast<char* (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_corename")))
     std::cerr << tag << "OpenBLAS kernels: " << coreName() << "\n";  // Prescott here is the slow fallback
   std::cerr << tag << "OpenMP wait policy: " << envOr("OMP_WAIT_POLICY", "(libgomp default: spin)") << "\n";
-  std::unique_ptr<WorkerMetrics> metrics;
-  std::unique_ptr<TelemetryClient> telemetry;
+  Reporting reporting;
   try {
-    if (cfg.metrics.port >= 0) {
-      metrics = std::make_unique<WorkerMetrics>(cfg.metrics.host, cfg.metrics.port, job, mesh.rank,
-                                                replica, shard);
-      std::cerr << tag << "metrics on http://" << cfg.metrics.host << ":" << metrics->port()
-                << "/metrics\n";
-    }
-    if (!cfg.telemetry.addr.empty())
-      telemetry = std::make_unique<TelemetryClient>(
-          cfg.telemetry.addr, cfg.telemetry.token,
-          TelemetryIdentity{envOr("EDIT_NAMESPACE", "default"), job, envOr("POD_NAME", envOr("HOSTNAME", "local")),
-                            envOr("POD_UID", ""), envOr("NODE_NAME", ""), mesh.restartGeneration},
-          TelemetryTls{cfg.telemetry.tlsCaFile, cfg.telemetry.tlsServerName}, cfg.telemetry.heartbeatSeconds);
+    reporting = startReporting(cfg, mesh, envOr("EDIT_JOB", "local"), tag);
   } catch (const std::exception& e) {
     std::cerr << tag << "cannot start metrics/telemetry: " << e.what() << "\n";
     return kExitInvalidInput;
   }
-
-  double lastT = nowSeconds();
-  uint64_t lastTokens = 0;
-  double stepSecondsTotal = 0, syncWorkTotal = 0;  // for the sync share in the summary
-  LinkMeasurement link;  // the local phase's compute and blocked time (summary "link")
-  link.mode = nameOf(cfg.algorithm.mode);
-  link.syncInterval = cfg.algorithm.syncInterval;
-  link.syncSeconds = cfg.algorithm.syncSeconds;
-  link.compression = nameOf(cfg.algorithm.syncCompression);
-  link.overlapSteps = cfg.algorithm.overlapSteps;
-  link.overlapAllowed = mesh.backend != "nccl";
+  StepLog steps(cfg, reporting, mesh);
   TrainerHooks hooks;
   hooks.requests = &gRequests;
   hooks.log = [&](const std::string& s) { std::cerr << tag << s << "\n"; };
-  if (telemetry) hooks.scaleTarget = [&] { return telemetry->peekScaleTarget(); };
-  hooks.onStep = [&](const StepReport& r) {
-    stepSecondsTotal += r.stepSeconds;
-    syncWorkTotal += r.lastSyncDurationSeconds;
-    link.localSteps = r.local.localSteps;
-    link.computeSeconds = r.local.computeSeconds;
-    link.blockedSeconds = r.local.blockedSeconds;
-    link.rounds = r.local.rounds;
-    if (metrics) metrics->update(r);
-    if (telemetry) {
-      if (r.step % std::max<int64_t>(1, cfg.telemetry.everySteps) == 0 || r.step == r.totalSteps)
-        telemetry->send(r);
-      switch (telemetry->takeCommand()) {
-        case OperatorCommand::Stop: gRequests.stop = true; break;
-        case OperatorCommand::Checkpoint: gRequests.checkpoint = true; break;
-        default: break;
-      }
-      // The operator's replica count: rank 0 puts it to the world at its next control
-      // exchange (docs/elastic.md).
-      if (const int target = telemetry->takeScaleTarget(); target > 0) gRequests.scaleTarget = target;
-    }
-    if (r.step % std::max<int64_t>(1, cfg.training.logEvery) == 0 || r.step == r.totalSteps) {
-      const double now = nowSeconds();
-      json j = {{"rank", r.rank}, {"replica", r.replica}, {"shard", r.shard}, {"step", r.step},
-                {"total", r.totalSteps}, {"replicas", r.replicas}, {"loss", r.loss}, {"lr", r.lr}, {"tokens", r.tokens},
-                {"tps", (r.tokens - lastTokens) / std::max(1e-9, now - lastT)},
-                {"sync_rounds", r.syncRounds}, {"anomalies", r.anomalies},
-                {"outer_skips", r.outerSkips}, {"skip_streak", r.skipStreak},
-                {"pgnorm", r.pseudoGradNorm}, {"phase", r.phase},
-                {"comm_wait", r.commWaitSeconds}, {"step_seconds", r.stepSeconds}};
-      std::cout << "@edit " << j.dump() << std::endl;
-      lastT = now;
-      lastTokens = r.tokens;
-    }
-  };
-
+  hooks.onStep = [&](const StepReport& r) { steps.onStep(r); };
+  if (reporting.telemetry) hooks.scaleTarget = [&] { return reporting.telemetry->peekScaleTarget(); };
   try {
     Trainer trainer(cfg, mesh, hooks);
     const TrainResult res = trainer.run();
-    double wait = 0;
-    json comm = json::array();
-    for (const auto& [k, c] : res.comm) {
-      wait += c.waitSeconds;
-      comm.push_back({{"op", k.first}, {"group", k.second}, {"bytes", c.bytes},
-                      {"wait", c.waitSeconds}, {"calls", c.calls}});
-    }
-    // No step in this run (resumed from the final checkpoint): no training loss to report.
-    const json loss = res.tokensThisRun > 0 ? json(res.finalLoss) : json(nullptr);
-    json s = {{"rank", mesh.rank}, {"replica", replica}, {"shard", shard}, {"steps", res.steps},
-              {"loss", loss}, {"val_loss", res.valLoss}, {"tokens", res.tokens},
-              {"seconds", res.seconds}, {"tps", res.tokensThisRun / std::max(1e-9, res.seconds)},
-              {"train_seconds", res.trainSeconds}, {"startup_seconds", res.startupSeconds},
-              {"train_tps", res.tokensThisRun / std::max(1e-9, res.trainSeconds)},
-              {"flops_per_token", flopsPerToken(shapeOf(cfg.model), cfg.data.seqLen)},
-              {"sync_rounds", res.syncRounds}, {"anomalies", res.anomalies},
-              {"outer_skips", res.outerSkips}, {"steps_awaiting_round", res.stepsAwaitingRound},
-              {"comm_wait", wait}, {"resumed_from", res.resumedFrom},
-              {"stopped", res.stopped}, {"joined", res.joined}, {"recoveries", res.recoveries},
-              {"recovery_seconds", res.recoverySeconds}, {"steps_rolled_back", res.stepsRolledBack},
-              {"scales", res.scales}, {"scale_seconds", res.scaleSeconds}, {"left_at_scale", res.leftAtScale},
-              {"scales_abandoned", res.scalesAbandoned},
-              {"comm", comm}, {"peak_rss_bytes", peakRssBytes()},
-              {"memory_plan", {{"state", res.memory.state()}, {"buffers", res.memory.buffers},
-                               {"parameters", res.memory.parameters}, {"gradients", res.memory.gradients},
-                               {"optimizer", res.memory.optimizer}, {"outer", res.memory.outer},
-                               {"overlap", res.memory.overlap}}},
-              // Efficiency reports (scripts/gpu-smoke.sh): model FLOPs, and the time of
-              // the steps and of the synchronization work within them.
-              {"params", parameterCount(shapeOf(cfg.model))},
-              {"flops_per_token", flopsPerToken(shapeOf(cfg.model), cfg.data.seqLen)},
-              {"step_seconds_total", stepSecondsTotal}, {"sync_work_seconds", syncWorkTotal},
-              // The local phase's time, for edit-run's advice on a slow link (common/src/link_advice.h).
-              {"link", link},
-              {"device", "cpu"}};
-#ifdef EDIT_WITH_CUDA
-    // The GPU this worker trained on (selectDevice, train/step_engine.h, made it current).
-    if (cfg.runtime.backend != Backend::Gloo && torch::cuda::is_available()) {
-      const int dev = c10::cuda::current_device();
-      const DeviceMemoryPeak peak = deviceMemoryPeak(dev);
-      s["device"] = "cuda:" + std::to_string(dev);
-      s["peak_gpu_allocated_bytes"] = peak.allocated;
-      s["peak_gpu_reserved_bytes"] = peak.reserved;
-    }
-#endif
-    std::cout << "@edit-summary " << s.dump() << std::endl;
+    std::cout << "@edit-summary " << summaryJson(cfg, mesh, res, steps).dump() << std::endl;
     return res.stopped ? kExitTerminated : kExitOk;
-  } catch (const TrainingStalled& e) {
-    std::cerr << tag << e.what() << "\n";
-    terminationMessage(e.what());
-    return kExitStalled;
-  } catch (const ConfigError& e) {
-    std::cerr << tag << "invalid configuration: " << e.what() << "\n";
-    terminationMessage(std::string("invalid configuration: ") + e.what());
-    return kExitInvalidInput;
-  } catch (const CheckpointLayoutError& e) {
-    std::cerr << tag << "invalid checkpoint: " << e.what() << "\n";
-    terminationMessage(std::string("invalid checkpoint: ") + e.what());
-    return kExitInvalidInput;
-  } catch (const data::DataError& e) {
-    std::cerr << tag << "invalid data: " << e.what() << "\n";
-    terminationMessage(std::string("invalid data: ") + e.what());
-    return kExitInvalidInput;
-  } catch (const LeftAlone& e) {
-    std::cerr << tag << "left the job: " << e.what() << "\n";
-    return kExitLeft;
-  } catch (const PeerLost& e) {
-    // Retryable, but the operator's Recovering condition should say what went wrong (the
-    // log's tail before it is step reports).
-    std::cerr << tag << "peer lost: " << e.what() << "\n";
-    terminationMessage(std::string("peer lost: ") + e.what());
-    return kExitPeerLost;
-  } catch (const c10::Error& e) {
-    // Collectives fail this way when a peer dies or times out: retryable.
-    std::cerr << tag << "collective failed (peer lost?): " << e.what_without_backtrace() << "\n";
-    terminationMessage(std::string("collective failed (peer lost?): ") + e.what_without_backtrace());
-    return kExitPeerLost;
-  } catch (const std::exception& e) {
-    std::cerr << tag << "error: " << e.what() << "\n";
-    terminationMessage(std::string("error: ") + e.what());
-    return kExitFailure;
+  } catch (...) {
+    return exitCodeOf(std::current_exception(), tag);
   }
 }

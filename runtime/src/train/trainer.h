@@ -107,6 +107,7 @@ class Trainer {
   void evaluateAndSaveFinal(TrainResult& result);
   void saveCheckpoint(int64_t id);
   bool tryResume();
+  void resumeFrom(const NamedTensors& t, const std::string& dir, int oldReplicas, int source);
   void log(const std::string& s);
   std::function<void(const std::string&)> logger() {
     return [this](const std::string& s) { log(s); };

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "link_advice.h"
-#include "train/link_advice_json.h"
+#include "link_advice_json.h"
 
 namespace edit {
 namespace {

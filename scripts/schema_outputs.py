@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
-"""Files made from the runtime's one schema of the worker configuration: the CRD's worker
-sections and the config fuzzer's dictionary.
+"""Files made from the operator's and the runtime's tables: the CRD's spec schema where it
+is not hand-written, and the config fuzzer's dictionary.
 
-An EDiTJob's spec.model, data, training, algorithm, checkpoint, debug and runtime (less
-runtime.recovery, which runPolicy.replicaRecovery sets) are copied by the operator into the
-workers' config file. Their OpenAPI schema (types, ranges, enums,
-defaults, descriptions, cross-field CEL rules) is not written by hand: it is what
-`edit-train --print-schema` prints (common/src/config_table.cpp's field table), plus the
-fields only the operator reads (the PVCs). tests/fuzz/dict/config.dict holds every key,
-every `--set` path and every enum value of the same schema. This script
+`edit-operator --print-schema` prints every node of crds/editjob.yaml's spec that is made,
+not written (operator/src/api/crd_schema.h): the worker sections (model, data, training,
+algorithm, checkpoint, debug, runtime: common/src/config_table.cpp's field table, less
+runtime.recovery, which runPolicy.replicaRecovery sets, plus the volume claims the operator
+mounts) and the operator's own fields, sections and cross-field CEL rules
+(operator/src/api/spec_table.cpp). tests/fuzz/dict/config.dict holds every key, every
+`--set` path and every enum value of the workers' schema (`edit-config-schema`, which needs
+no LibTorch). This script
 
-    python3 scripts/schema_outputs.py --write    # rewrite crds/editjob.yaml's worker
-                                                 # sections, the chart's copy, the dictionary
+    python3 scripts/schema_outputs.py --write    # rewrite those CRD nodes and the dictionary
     python3 scripts/schema_outputs.py            # check: exit 1 listing every difference
 
-(ctest packaging.crd_worker_schema runs the check).
-Options: --edit-train BIN (default build/runtime/edit-train), --schema FILE (the JSON).
+The operator's unit test CrdSchema.* makes the same check of the CRD in every build with the
+operator; ctest packaging.crd_schema runs this script's (the dictionary too).
+Options: --operator BIN (default build/operator/edit-operator), --config-schema BIN
+(default build/common/edit-config-schema), --crd FILE.
 """
 import argparse
 import json
@@ -23,64 +25,32 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
+try:
+    import yaml
+except ImportError:  # python3-yaml; ctest reports the check as skipped
+    print("schema_outputs: needs PyYAML (Debian package python3-yaml)")
+    sys.exit(77)
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "editjob.yaml"
-CHART_CRD = ROOT / "charts" / "edit-operator" / "crds" / "editjob.yaml"
 FUZZ_DICT = ROOT / "tests" / "fuzz" / "dict" / "config.dict"
 # What the dictionary adds to the schema's names: YAML values and syntax worth trying.
 FUZZ_SYNTAX = ["true", "false", "yes", "off", "null", "~", ".nan", ".inf", "-.inf", "1e6", "0x10",
                "&a", "*a", "<<:", "!!str", "!!int", "{", "}", "[", "]", "- ", "\\x0a  ", ": ", "---"]
-# spec sections the operator copies into the workers' config (same names as the runtime's).
-MIRRORED = ["model", "data", "training", "algorithm", "checkpoint", "debug", "runtime"]
-# Runtime fields the operator sets from another spec field: not in the CRD's section (the
-# API rejects them as unknown fields; operator/src/api/editjob.cpp names where they go).
-OPERATOR_OWNED = {"runtime": ["recovery"]}
-# Fields the CRD adds to a mirrored section: the operator resolves them (volume claims
-# become paths), the runtime never sees them. Taken over from the CRD as they are.
-CRD_ONLY = {"data": ["pvc"], "checkpoint": ["pvc"]}
 KEY_ORDER = ["type", "format", "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum",
-             "minLength", "maxLength", "enum", "default", "description", "x-kubernetes-validations",
+             "minLength", "maxLength", "enum", "default", "description", "required", "x-kubernetes-validations",
              "properties"]
 
 
-def load_schema(edit_train=None, schema_file=None):
-    if schema_file:
-        return json.loads(Path(schema_file).read_text())
-    binary = Path(edit_train or ROOT / "build" / "runtime" / "edit-train")
-    if not binary.exists():
-        sys.exit(f"schema_outputs: {binary} not built (cmake --build build --target edit-train)")
-    out = subprocess.run([str(binary), "--print-schema"], capture_output=True, text=True, check=True)
+def run_json(binary, args, target):
+    if not Path(binary).exists():
+        sys.exit(f"schema_outputs: {binary} not built (cmake --build build --target {target})")
+    out = subprocess.run([str(binary)] + args, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
 def spec_of(crd):
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-
-
-def with_defaults(node, default):
-    """Sections default to {} so that the API server fills the runtime's defaults in when a
-    section is left out; the debug tree does not (it stays out of jobs that do not use it)."""
-    node = dict(node)
-    if node.get("type") == "object" and "properties" in node:
-        if default:
-            node["default"] = {}
-        node["properties"] = {k: with_defaults(v, default) for k, v in node["properties"].items()}
-    return node
-
-
-def wanted_section(schema, crd, name):
-    """The node spec.<name> must be: the runtime's section, defaulted to {} so that the
-    runtime's defaults apply when the section is left out, plus the CRD-only fields."""
-    node = with_defaults(schema["properties"][name], name != "debug")
-    props = {k: v for k, v in node["properties"].items() if k not in OPERATOR_OWNED.get(name, [])}
-    current = (spec_of(crd)["properties"].get(name) or {}).get("properties", {})
-    for extra in CRD_ONLY.get(name, []):
-        if extra in current:
-            props[extra] = current[extra]
-    node["properties"] = props
-    return node
 
 
 def same(a, b):
@@ -101,26 +71,31 @@ def differences(want, have, path):
             for name in sorted(set(w or {}) | set(h or {})):
                 sub = f"{path}.{name}"
                 if name not in (h or {}):
-                    out.append(f"{sub}: missing (the runtime has it)")
+                    out.append(f"{sub}: missing (the table has it)")
                 elif name not in (w or {}):
-                    out.append(f"{sub}: not a runtime key")
+                    out.append(f"{sub}: not in the table")
                 else:
                     out += differences(w[name], h[name], sub)
         elif not same(w, h):
             if key not in want:
-                out.append(f"{path}: {key} {h!r} is not in the runtime's schema")
+                out.append(f"{path}: {key} {h!r} is not in the table")
             elif key not in have:
-                out.append(f"{path}: {key} missing (the runtime's: {w!r})")
+                out.append(f"{path}: {key} missing (the table's: {w!r})")
             else:
-                out.append(f"{path}: {key} {h!r}, the runtime's is {w!r}")
+                out.append(f"{path}: {key} {h!r}, the table's is {w!r}")
     return out
 
 
-def check(schema, crd):
+def check(made, crd):
+    """Every made node equals the CRD's; every made spec-level rule is among the CRD's."""
     spec = spec_of(crd)
     out = []
-    for name in MIRRORED:
-        out += differences(wanted_section(schema, crd, name), spec["properties"].get(name), f"spec.{name}")
+    for name, node in made["properties"].items():
+        out += differences(node, spec["properties"].get(name), f"spec.{name}")
+    have = spec.get("x-kubernetes-validations", [])
+    for rule in made["x-kubernetes-validations"]:
+        if not any(all(same(rule[k], h.get(k)) for k in rule) and set(rule) == set(h) for h in have):
+            out.append(f"spec: CEL rule missing or different: {rule}")
     return out
 
 
@@ -140,7 +115,7 @@ def fuzz_dict(schema):
                 values.extend(v for v in sub.get("enum", []) if v not in values)
     walk(schema, "")
     lines = ["# libFuzzer dictionary for fuzz_config, made by scripts/schema_outputs.py from",
-             "# edit-train --print-schema: every key, every --set path, every enum value; YAML syntax."]
+             "# edit-config-schema: every key, every --set path, every enum value; YAML syntax."]
     lines += [f'"{n}:"' for n in sorted(names)] + [f'"{p}="' for p in paths]
     lines += [f'"{v}"' for v in values] + [f'"{t}"' for t in FUZZ_SYNTAX]
     return "\n".join(lines) + "\n"
@@ -215,18 +190,16 @@ def emit(node, indent):
     return out
 
 
-def rewrite(text, crd, schema):
-    """The CRD's text with each mirrored section's block replaced; the rest untouched."""
+def rewrite(text, made):
+    """The CRD's text with each made node's block replaced; the rest untouched. The
+    spec-level rules are hand-placed among the transition rules: check() finds them."""
     lines = text.split("\n")
-    for name in MIRRORED:
-        node = wanted_section(schema, crd, name)
-        # The section's key line: under spec.properties (the first 'name:' line indented
-        # like the spec's other fields, after 'spec:').
-        spec_at = next(i for i, l in enumerate(lines) if l.strip() == "spec:" and "openAPIV3Schema" not in l and i > next(j for j, x in enumerate(lines) if "openAPIV3Schema" in x))
-        spec_indent = len(lines[spec_at]) - len(lines[spec_at].lstrip())
-        field_indent = spec_indent + 4
-        start = next(i for i in range(spec_at + 1, len(lines))
-                     if lines[i] == " " * field_indent + f"{name}:")
+    schema_at = next(j for j, x in enumerate(lines) if "openAPIV3Schema" in x)
+    spec_at = next(i for i, l in enumerate(lines) if l.strip() == "spec:" and i > schema_at)
+    field_indent = len(lines[spec_at]) - len(lines[spec_at].lstrip()) + 4
+    for name, node in made["properties"].items():
+        # The node's key line: under spec.properties, indented like the spec's other fields.
+        start = next(i for i in range(spec_at + 1, len(lines)) if lines[i] == " " * field_indent + f"{name}:")
         end = start + 1
         while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > field_indent):
             end += 1
@@ -236,36 +209,36 @@ def rewrite(text, crd, schema):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--write", action="store_true", help="rewrite the CRD (and the chart's copy)")
-    ap.add_argument("--edit-train", help="the edit-train binary (default build/runtime/edit-train)")
-    ap.add_argument("--schema", help="the schema JSON instead of running edit-train")
+    ap.add_argument("--write", action="store_true", help="rewrite the CRD's made nodes and the dictionary")
+    ap.add_argument("--operator", default=str(ROOT / "build" / "operator" / "edit-operator"),
+                    help="the edit-operator binary (prints the CRD's made nodes)")
+    ap.add_argument("--config-schema", default=str(ROOT / "build" / "common" / "edit-config-schema"),
+                    help="the edit-config-schema binary (prints the workers' schema)")
     ap.add_argument("--crd", default=str(CRD))
     a = ap.parse_args()
-    schema = load_schema(a.edit_train, a.schema)
+    made = run_json(a.operator, ["--print-schema"], "edit-operator")
+    worker = run_json(a.config_schema, [], "edit-config-schema")
     crd_path = Path(a.crd)
     text = crd_path.read_text()
-    crd = yaml.safe_load(text)
     if a.write:
-        new = rewrite(text, crd, schema)
-        left = check(schema, yaml.safe_load(new))
-        if left:
-            sys.exit("schema_outputs: the rewrite still differs:\n  " + "\n  ".join(left))
+        new = rewrite(text, made)
+        left = check(made, yaml.safe_load(new))
         crd_path.write_text(new)
-        if crd_path == CRD:
-            CHART_CRD.write_text(new)
-        FUZZ_DICT.write_text(fuzz_dict(schema))
-        print(f"schema_outputs: wrote {crd_path}" + (f", {CHART_CRD}" if crd_path == CRD else "") + f" and {FUZZ_DICT}")
+        FUZZ_DICT.write_text(fuzz_dict(worker))
+        print(f"schema_outputs: wrote {crd_path} and {FUZZ_DICT}")
+        if left:
+            sys.exit("schema_outputs: edit by hand:\n  " + "\n  ".join(left))
         return
-    problems = check(schema, crd)
-    if FUZZ_DICT.read_text() != fuzz_dict(schema):
+    problems = check(made, yaml.safe_load(text))
+    if FUZZ_DICT.read_text() != fuzz_dict(worker):
         problems.append(f"{FUZZ_DICT.relative_to(ROOT)}: not what the schema gives")
     if problems:
-        print("files made from `edit-train --print-schema` differ from it "
+        print("files made from `edit-operator --print-schema` and `edit-config-schema` differ from them "
               "(fix: python3 scripts/schema_outputs.py --write, then review the diff):")
         for p in problems:
             print("  " + p)
         sys.exit(1)
-    print(f"schema_outputs: {', '.join(MIRRORED)} match the runtime's schema")
+    print(f"schema_outputs: {', '.join(made['properties'])} and the spec's rules match the tables")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 // edit-operator: runs EDiTJob custom resources. See operator/README.md.
 #include <csignal>
+#include <functional>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <thread>
 
+#include "api/crd_schema.h"
+#include "api/editjob.h"
 #include "controller/reconciler.h"
 #include "http_server.h"
 #include "kube/client.h"
@@ -84,7 +87,8 @@ const char* kUsage =
     "  --lease-name NAME              (default edit-operator)\n"
     "  --log-level debug|info|warn|error\n"
     "  --workers N                    reconcile threads (default 2)\n"
-    "  --resync-seconds N             re-reconcile every job this often (default 30; 0: off)\n";
+    "  --resync-seconds N             re-reconcile every job this often (default 30; 0: off)\n"
+    "  --print-schema                 print the CRD's spec schema this operator parses (JSON) and exit\n";
 
 std::vector<std::string> splitComma(const std::string& s) {
   std::vector<std::string> out;
@@ -128,6 +132,9 @@ Flags parseFlags(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::cout << kUsage;
       std::exit(0);
+    } else if (a == "--print-schema") {
+      std::cout << api::crdSpecSchema().dump(2) << "\n";
+      std::exit(0);
     } else if (a == "--kubeconfig") f.kubeconfig = next();
     else if (a == "--namespaces") f.namespaces = splitComma(next());
     else if (a == "--metrics-addr") f.metricsAddr = parseListenAddr(a, next());
@@ -149,140 +156,157 @@ Flags parseFlags(int argc, char** argv) {
   return f;
 }
 
+// The flags and the telemetry TLS files, checked before anything connects: a problem is a
+// usage error (exit 2).
+bool readFlags(int argc, char** argv, Flags& flags, telemetry::ServerTls& tls) {
+  try {
+    flags = parseFlags(argc, argv);
+    log::setLevel(log::parseLevel(flags.logLevel));
+    tls = telemetry::loadServerTls(flags.telemetryTlsCert, flags.telemetryTlsKey);
+    // Workers told to use TLS against a plaintext server could never connect.
+    if (!tls.enabled() && (!flags.telemetryTlsCaSecret.empty() || !flags.telemetryTlsServerName.empty()))
+      throw std::invalid_argument(
+          "--telemetry-tls-ca-secret and --telemetry-tls-server-name need --telemetry-tls-cert and --telemetry-tls-key");
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return false;
+  }
+  return true;
+}
+
+// /metrics on the shared plain server, not prometheus-cpp's Exposer: civetweb rejects ":PORT".
+edit::http::Handler metricsHandler(metrics::Metrics& m) {
+  return [&m](const std::string& path) {
+    if (path != "/metrics") return edit::http::Response{404, "text/plain; charset=utf-8", "not found\n"};
+    return edit::http::Response{200, "text/plain; version=0.0.4; charset=utf-8", m.scrape()};
+  };
+}
+
+// EDIT_TELEMETRY_ADDR for workers: the flag, else the bound gRPC address (loopback for a
+// wildcard host).
+std::string advertiseAddr(const Flags& flags, int grpcPort) {
+  if (!flags.telemetryAdvertiseAddr.empty()) return flags.telemetryAdvertiseAddr;
+  const std::string& host = flags.grpcAddr.host;
+  return (host == "0.0.0.0" || host == "::" ? std::string("127.0.0.1") : host) + ":" + std::to_string(grpcPort);
+}
+
+// Reconciles while holding the Lease; returns 1 when it was lost (Kubernetes restarts the
+// pod), 0 on SIGTERM.
+int runWithLease(kube::Client& client, const kube::KubeConfig& kc, const Flags& flags, const leader::OwnPod& ownPod,
+                 metrics::Metrics& metricsReg, const std::function<void()>& startControllers) {
+  leader::LeaseSettings ls;
+  ls.ns = flags.leaseNamespace.empty() ? kc.defaultNamespace : flags.leaseNamespace;
+  ls.name = flags.leaseName;
+  ls.identity = leader::defaultIdentity();
+  leader::LeaderElector elector(client, ls);
+  metricsReg.setLeader(false);
+  // Before the Lease goes: workers must not be routed here once another replica leads.
+  elector.setBeforeRelease([&] { leader::setLeaderLabel(client, ownPod, false); });
+  return elector.run(startControllers, g_stop) ? 0 : 1;
+}
+
+int serve(const Flags& flags, const telemetry::ServerTls& telemetryTls) {
+  kube::KubeConfig kc = kube::resolveConfig(flags.kubeconfig);
+  kube::Client client(kc);
+  metrics::Metrics metricsReg;
+  edit::http::PlainServer metricsServer(flags.metricsAddr.host, flags.metricsAddr.port, metricsHandler(metricsReg));
+
+  telemetry::TelemetryHub hub(&metricsReg);
+  // Until this replica leads, workers that reach it are told to retry (the telemetry
+  // Service selects the leader's pod; see leader/lease.h).
+  hub.setServing(false);
+  telemetry::TelemetryServer grpcServer(hub, flags.grpcAddr.str(), telemetryTls);
+  if (telemetryTls.enabled() && flags.telemetryTlsCaSecret.empty())
+    log::warn("telemetry TLS is on but --telemetry-tls-ca-secret is not set: workers need "
+              "EDIT_TELEMETRY_CA_FILE from their spec, or they cannot connect");
+  const std::string advertise = advertiseAddr(flags, grpcServer.port());
+
+  kube::Informer jobs(client, kube::resources::EDiTJobs, flags.namespaces);
+  kube::Informer pods(client, kube::resources::Pods, flags.namespaces, api::kLabelJob);
+  // Ready once serving, leader or not (as controller-runtime's ping check): a readiness
+  // that waited for the Lease would keep a rolling update from ever finishing.
+  metrics::HealthServer health(flags.healthAddr.str(), nullptr);
+  log::info("edit-operator listening",
+            {{"metricsAddr", ListenAddr{flags.metricsAddr.host, metricsServer.port()}.str()},
+             {"healthAddr", ListenAddr{health.host(), health.port()}.str()},
+             {"grpcAddr", ListenAddr{flags.grpcAddr.host, grpcServer.port()}.str()},
+             {"telemetryAdvertiseAddr", advertise},
+             {"telemetryTls", telemetryTls.enabled()},
+             {"server", kc.server},
+             {"leaderElect", flags.leaderElect}});
+
+  // The pod this process runs in (the chart sets both from the downward API).
+  const leader::OwnPod ownPod{envOr("POD_NAMESPACE", ""), envOr("POD_NAME", "")};
+  // A container restarted in the same pod may carry the label of a leadership it lost.
+  leader::setLeaderLabel(client, ownPod, false);
+
+  kube::EventRecorder recorder(&client, "edit-operator");
+  controller::OperatorSettings settings{advertise, flags.telemetryTlsCaSecret, flags.telemetryTlsServerName};
+  controller::Reconciler reconciler(client, pods, hub, metricsReg, recorder, settings);
+  controller::Controller ctrl(reconciler, jobs, pods, metricsReg, flags.workers, flags.resyncSeconds);
+  hub.setOnReport([&ctrl](const std::string& ns, const std::string& job) {
+    // Progress reaches .status at most every 2 s per job (the queue keeps the earliest).
+    ctrl.queue().addAfter(ns + "/" + job, std::chrono::milliseconds(2000));
+  });
+  std::thread ages([&] {
+    while (!g_stop) {
+      hub.refreshMetrics();
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  });
+
+  bool leading = false;
+  auto startControllers = [&] {
+    leading = true;
+    metricsReg.setLeader(true);
+    hub.setServing(true);
+    leader::setLeaderLabel(client, ownPod, true);
+    jobs.start();
+    pods.start();
+    // Reconciling from a partial cache could recreate pods that exist: wait for sync.
+    while (!g_stop && !(jobs.hasSynced() && pods.hasSynced())) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (g_stop) return;
+    ctrl.start();
+    log::info("controller started", {{"workers", flags.workers}});
+  };
+
+  int rc = 0;
+  if (flags.leaderElect) {
+    rc = runWithLease(client, kc, flags, ownPod, metricsReg, startControllers);
+  } else {
+    startControllers();
+    while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (leading) leader::setLeaderLabel(client, ownPod, false);
+  }
+  g_stop = true;
+  log::info("shutting down");
+  hub.setServing(false);
+  metricsReg.setLeader(false);
+  ctrl.stop();
+  client.cancelWatches();
+  jobs.stop();
+  pods.stop();
+  grpcServer.shutdown();
+  health.stop();
+  metricsServer.stop();
+  ages.join();
+  log::info("stopped", {{"exitCode", rc}});
+  // Lost lease: leave at once, like controller-runtime, before any other work runs.
+  if (rc != 0) std::_Exit(rc);
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Flags flags;
   telemetry::ServerTls telemetryTls;
-  try {
-    flags = parseFlags(argc, argv);
-    log::setLevel(log::parseLevel(flags.logLevel));
-    // Before anything connects: a TLS misconfiguration is a usage error (exit 2).
-    telemetryTls = telemetry::loadServerTls(flags.telemetryTlsCert, flags.telemetryTlsKey);
-    // Workers told to use TLS against a plaintext server could never connect.
-    if (!telemetryTls.enabled() && (!flags.telemetryTlsCaSecret.empty() || !flags.telemetryTlsServerName.empty()))
-      throw std::invalid_argument(
-          "--telemetry-tls-ca-secret and --telemetry-tls-server-name need --telemetry-tls-cert and --telemetry-tls-key");
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << "\n";
-    return 2;
-  }
+  if (!readFlags(argc, argv, flags, telemetryTls)) return 2;
   std::signal(SIGTERM, onSignal);
   std::signal(SIGINT, onSignal);
   std::signal(SIGPIPE, SIG_IGN);
-
   try {
-    kube::KubeConfig kc = kube::resolveConfig(flags.kubeconfig);
-    kube::Client client(kc);
-    metrics::Metrics metricsReg;
-    // The shared plain server, not prometheus-cpp's Exposer: civetweb rejects ":PORT".
-    edit::http::PlainServer metricsServer(flags.metricsAddr.host, flags.metricsAddr.port,
-                                          [&metricsReg](const std::string& path) {
-                                            if (path != "/metrics") return edit::http::Response{404, "text/plain; charset=utf-8", "not found\n"};
-                                            return edit::http::Response{200, "text/plain; version=0.0.4; charset=utf-8",
-                                                                        metricsReg.scrape()};
-                                          });
-
-    telemetry::TelemetryHub hub(&metricsReg);
-    // Until this replica leads, workers that reach it are told to retry (the telemetry
-    // Service selects the leader's pod; see leader/lease.h).
-    hub.setServing(false);
-    telemetry::TelemetryServer grpcServer(hub, flags.grpcAddr.str(), telemetryTls);
-    if (telemetryTls.enabled() && flags.telemetryTlsCaSecret.empty())
-      log::warn("telemetry TLS is on but --telemetry-tls-ca-secret is not set: workers need "
-                "EDIT_TELEMETRY_CA_FILE from their spec, or they cannot connect");
-    const std::string& grpcHost = flags.grpcAddr.host;
-    std::string advertise = flags.telemetryAdvertiseAddr;
-    if (advertise.empty())
-      advertise = (grpcHost == "0.0.0.0" || grpcHost == "::" ? std::string("127.0.0.1") : grpcHost) + ":" +
-                  std::to_string(grpcServer.port());
-
-    kube::Informer jobs(client, kube::resources::EDiTJobs, flags.namespaces);
-    kube::Informer pods(client, kube::resources::Pods, flags.namespaces, "edit.io/job-name");
-    // Ready once serving, leader or not (as controller-runtime's ping check): a readiness
-    // that waited for the Lease would keep a rolling update from ever finishing.
-    metrics::HealthServer health(flags.healthAddr.str(), nullptr);
-
-    ListenAddr boundMetrics{flags.metricsAddr.host, metricsServer.port()};
-    ListenAddr boundGrpc{grpcHost, grpcServer.port()};
-    log::info("edit-operator listening",
-              {{"metricsAddr", boundMetrics.str()},
-               {"healthAddr", ListenAddr{health.host(), health.port()}.str()},
-               {"grpcAddr", boundGrpc.str()},
-               {"telemetryAdvertiseAddr", advertise},
-               {"telemetryTls", telemetryTls.enabled()},
-               {"server", kc.server},
-               {"leaderElect", flags.leaderElect}});
-
-    // The pod this process runs in (the chart sets both from the downward API).
-    const leader::OwnPod ownPod{envOr("POD_NAMESPACE", ""), envOr("POD_NAME", "")};
-    // A container restarted in the same pod may carry the label of a leadership it lost.
-    leader::setLeaderLabel(client, ownPod, false);
-
-    kube::EventRecorder recorder(&client, "edit-operator");
-    controller::OperatorSettings settings{advertise, flags.telemetryTlsCaSecret, flags.telemetryTlsServerName};
-    controller::Reconciler reconciler(client, pods, hub, metricsReg, recorder, settings);
-    controller::Controller ctrl(reconciler, jobs, pods, metricsReg, flags.workers, flags.resyncSeconds);
-    hub.setOnReport([&ctrl](const std::string& ns, const std::string& job) {
-      // Progress reaches .status at most every 2 s per job (the queue keeps the earliest).
-      ctrl.queue().addAfter(ns + "/" + job, std::chrono::milliseconds(2000));
-    });
-    std::thread ages([&] {
-      while (!g_stop) {
-        hub.refreshMetrics();
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      }
-    });
-
-    bool leading = false;
-    auto startControllers = [&] {
-      leading = true;
-      metricsReg.setLeader(true);
-      hub.setServing(true);
-      leader::setLeaderLabel(client, ownPod, true);
-      jobs.start();
-      pods.start();
-      // Reconciling from a partial cache could recreate pods that exist: wait for sync.
-      while (!g_stop && !(jobs.hasSynced() && pods.hasSynced()))
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      if (g_stop) return;
-      ctrl.start();
-      log::info("controller started", {{"workers", flags.workers}});
-    };
-
-    int rc = 0;
-    if (flags.leaderElect) {
-      leader::LeaseSettings ls;
-      ls.ns = flags.leaseNamespace.empty() ? kc.defaultNamespace : flags.leaseNamespace;
-      ls.name = flags.leaseName;
-      ls.identity = leader::defaultIdentity();
-      leader::LeaderElector elector(client, ls);
-      metricsReg.setLeader(false);
-      // Before the Lease goes: workers must not be routed here once another replica leads.
-      elector.setBeforeRelease([&] { leader::setLeaderLabel(client, ownPod, false); });
-      bool stoppedCleanly = elector.run(startControllers, g_stop);
-      if (!stoppedCleanly) rc = 1;  // lost the lease: exit so Kubernetes restarts us
-    } else {
-      startControllers();
-      while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      if (leading) leader::setLeaderLabel(client, ownPod, false);
-    }
-    g_stop = true;
-    log::info("shutting down");
-    hub.setServing(false);
-    metricsReg.setLeader(false);
-    ctrl.stop();
-    client.cancelWatches();
-    jobs.stop();
-    pods.stop();
-    grpcServer.shutdown();
-    health.stop();
-    metricsServer.stop();
-    ages.join();
-    log::info("stopped", {{"exitCode", rc}});
-    // Lost lease: leave at once, like controller-runtime, before any other work runs.
-    if (rc != 0) std::_Exit(rc);
-    return rc;
+    return serve(flags, telemetryTls);
   } catch (const std::exception& e) {
     log::error("fatal", {{"error", e.what()}});
     return 1;

@@ -6,6 +6,8 @@
 
 #include <ctime>
 #include <optional>
+#include <map>
+#include <set>
 #include <string>
 
 #include "controller/plan.h"
@@ -40,12 +42,37 @@ inline ObservedPod pod(int rank, const std::string& phase, int gen = 0, std::opt
   return p;
 }
 
+// The status as the API server stores it (what kubectl shows): the planner's output as
+// JSON; an input status (already JSON) as it is.
+inline json js(const api::EDiTJobStatus& s) { return s.toJson(); }
+inline const json& js(const json& s) { return s; }
+
+// A condition of a JSON status, by value (nullopt: none).
+inline std::optional<json> findCondition(const json& st, const std::string& type) {
+  if (!st.contains("conditions")) return std::nullopt;
+  for (const auto& c : st["conditions"])
+    if (c.value("type", "") == type) return c;
+  return std::nullopt;
+}
+// Sets a condition in a JSON status (an input of the planner).
+inline bool setCondition(json& st, const std::string& type, const std::string& status, const std::string& reason,
+                         const std::string& message, const std::string& now, long generation) {
+  auto typed = api::EDiTJobStatus::fromJson(st);
+  const auto s = status == "True" ? api::CondStatus::True : status == "False" ? api::CondStatus::False : api::CondStatus::Unknown;
+  const bool changed = typed.setCondition(type, s, reason, message, now, generation);
+  st = typed.toJson();
+  return changed;
+}
+inline std::map<int, std::set<std::string>> avoidNodesFromStatus(const json& st) {
+  return avoidNodesByRank(api::EDiTJobStatus::fromJson(st));
+}
+
 inline std::string condStatus(const json& st, const std::string& type) {
-  const json* c = findCondition(st, type);
+  const auto c = findCondition(st, type);
   return c ? c->value("status", "") : "";
 }
 inline std::string condReason(const json& st, const std::string& type) {
-  const json* c = findCondition(st, type);
+  const auto c = findCondition(st, type);
   return c ? c->value("reason", "") : "";
 }
 
@@ -64,10 +91,10 @@ inline bool hasEvent(const Plan& p, const std::string& type, const std::string& 
 // A failure that must restart the whole gang: generation bumped, every pod deleted, no record.
 inline void expectGangRestart(const Plan& p) {
   EXPECT_TRUE(p.gangRestarted);
-  EXPECT_EQ(p.status["restarts"], 1);
-  EXPECT_EQ(p.status["restartGeneration"], 1);
-  EXPECT_EQ(p.status.value("replicaRecoveries", 0), 0);
-  EXPECT_FALSE(p.status.contains("recovery"));
+  EXPECT_EQ(js(p.status)["restarts"], 1);
+  EXPECT_EQ(js(p.status)["restartGeneration"], 1);
+  EXPECT_EQ(js(p.status).value("replicaRecoveries", 0), 0);
+  EXPECT_FALSE(js(p.status).contains("recovery"));
   EXPECT_TRUE(p.recoveredRanks.empty());
 }
 

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
-#include "controller/desired.h"
+#include "controller/pod_spec.h"
 
 using namespace edit::op;
 using nlohmann::json;

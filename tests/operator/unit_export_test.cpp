@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "controller/export_pod.h"
+#include "controller/pod_spec.h"
 #include "controller/export_policy.h"
 #include "plan_fixtures.h"
 #include "util/log.h"
@@ -39,7 +40,8 @@ std::string specError(const json& specExtra) {
 
 ExportInput exportInput(const json& status, std::vector<ExportPod> pods = {}, const json& specExtra = json::object()) {
   JobRef j = jobRef(specExtra);
-  return {j.spec.exportModel, exportOutDir(j), j.spec.runPolicy.cleanPodPolicy, status, 1, std::move(pods), kNow};
+  return {j.spec.exportModel,      exportOutDir(j), j.spec.runPolicy.cleanPodPolicy, api::EDiTJobStatus::fromJson(status),
+          1, std::move(pods), kNow};
 }
 
 json succeededStatus(json extra = json::object()) {
@@ -137,9 +139,9 @@ TEST(ExportPod, RunsEditExportWithTheWorkersVolumeAndSecurity) {
                      {"podTemplate", {{"metadata", {{"labels", {{"team", "a"}}}}}}}});
   json pod = desiredExportPod(j, 2);
   EXPECT_EQ(pod["metadata"]["name"], "j-export-2");
-  EXPECT_EQ(pod["metadata"]["labels"][kLabelJob], "j");  // the pod informer selects on it
-  EXPECT_EQ(pod["metadata"]["labels"][kLabelComponent], "export");
-  EXPECT_EQ(pod["metadata"]["labels"][kLabelExportAttempt], "2");
+  EXPECT_EQ(pod["metadata"]["labels"][api::kLabelJob], "j");  // the pod informer selects on it
+  EXPECT_EQ(pod["metadata"]["labels"][api::kLabelComponent], "export");
+  EXPECT_EQ(pod["metadata"]["labels"][api::kLabelExportAttempt], "2");
   EXPECT_EQ(pod["metadata"]["labels"]["team"], "a");
   EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["uid"], "u");
   EXPECT_TRUE(pod["metadata"]["ownerReferences"][0]["controller"].get<bool>());
@@ -171,13 +173,13 @@ TEST(ExportPolicy, WaitsForSuccess) {
   for (const char* phase : {"", "Created", "Running", "Restarting", "Suspended"}) {
     ExportPlan p = planExport(exportInput({{"phase", phase}}));
     EXPECT_FALSE(p.createAttempt) << phase;
-    EXPECT_FALSE(p.status.contains("export")) << phase;
-    EXPECT_FALSE(findCondition(p.status, "Exported")) << phase;
+    EXPECT_FALSE(js(p.status).contains("export")) << phase;
+    EXPECT_FALSE(findCondition(js(p.status), "Exported")) << phase;
   }
   ExportPlan failed = planExport(exportInput({{"phase", "Failed"}}));
   EXPECT_FALSE(failed.createAttempt);
-  EXPECT_EQ(condStatus(failed.status, "Exported"), "False");
-  EXPECT_EQ(condReason(failed.status, "Exported"), "JobFailed");
+  EXPECT_EQ(condStatus(js(failed.status), "Exported"), "False");
+  EXPECT_EQ(condReason(js(failed.status), "Exported"), "JobFailed");
 }
 
 TEST(ExportPolicy, StartsOnceAfterSuccessAndARestartCreatesTheSameName) {
@@ -185,38 +187,38 @@ TEST(ExportPolicy, StartsOnceAfterSuccessAndARestartCreatesTheSameName) {
   ASSERT_TRUE(p.createAttempt);
   EXPECT_EQ(*p.createAttempt, 1);
   EXPECT_TRUE(p.inProgress);
-  EXPECT_EQ(p.status["phase"], "Succeeded");
-  EXPECT_EQ(p.status["export"]["attempts"], 1);
-  EXPECT_EQ(condStatus(p.status, "Exported"), "Unknown");
-  EXPECT_EQ(condReason(p.status, "Exported"), "Exporting");
+  EXPECT_EQ(js(p.status)["phase"], "Succeeded");
+  EXPECT_EQ(js(p.status)["export"]["attempts"], 1);
+  EXPECT_EQ(condStatus(js(p.status), "Exported"), "Unknown");
+  EXPECT_EQ(condReason(js(p.status), "Exported"), "Exporting");
   ASSERT_EQ(p.events.size(), 1u);
 
   // The operator stopped after storing the attempt: the next run creates the same pod
   // (a second create is a 409), never attempt 2, and records no second event.
-  ExportPlan again = planExport(exportInput(p.status));
+  ExportPlan again = planExport(exportInput(js(p.status)));
   ASSERT_TRUE(again.createAttempt);
   EXPECT_EQ(*again.createAttempt, 1);
-  EXPECT_EQ(again.status, p.status);
+  EXPECT_EQ(js(again.status), js(p.status));
   EXPECT_TRUE(again.events.empty());
 
   for (const char* phase : {"Pending", "Running"}) {
-    ExportPlan running = planExport(exportInput(p.status, {exportPod(1, phase)}));
+    ExportPlan running = planExport(exportInput(js(p.status), {exportPod(1, phase)}));
     EXPECT_FALSE(running.createAttempt) << phase;
-    EXPECT_EQ(running.status, p.status) << phase;
+    EXPECT_EQ(js(running.status), js(p.status)) << phase;
     EXPECT_TRUE(running.inProgress);
   }
 }
 
 TEST(ExportPolicy, ExitZeroCopiesTheReport) {
-  json st = planExport(exportInput(succeededStatus())).status;
+  json st = js(planExport(exportInput(succeededStatus())).status);
   ExportPlan p = planExport(exportInput(st, {exportPod(1, "Succeeded", 0, kReport)}));
   EXPECT_FALSE(p.createAttempt);
   EXPECT_FALSE(p.inProgress);
-  EXPECT_EQ(p.status["phase"], "Succeeded");
-  EXPECT_EQ(p.status["export"], json({{"path", "/checkpoints/hf"}, {"step", 40}, {"weights", "outer"},
+  EXPECT_EQ(js(p.status)["phase"], "Succeeded");
+  EXPECT_EQ(js(p.status)["export"], json({{"path", "/checkpoints/hf"}, {"step", 40}, {"weights", "outer"},
                                       {"dtype", "bf16"}, {"bytes", 1234567}, {"attempts", 1}}));
-  EXPECT_EQ(condStatus(p.status, "Exported"), "True");
-  const json* c = findCondition(p.status, "Exported");
+  EXPECT_EQ(condStatus(js(p.status), "Exported"), "True");
+  const auto c = findCondition(js(p.status), "Exported");
   EXPECT_EQ(c->value("message", ""),
             "wrote /checkpoints/hf/model.safetensors and config.json from the checkpoint of step 40 "
             "(outer weights, bf16, 1234567 bytes)");
@@ -224,64 +226,64 @@ TEST(ExportPolicy, ExitZeroCopiesTheReport) {
   EXPECT_EQ(p.events[0].reason, "Exported");
 
   // Done: nothing more, whatever happens to the pod; cleanPodPolicy All removes it.
-  ExportPlan later = planExport(exportInput(p.status, {}));
+  ExportPlan later = planExport(exportInput(js(p.status), {}));
   EXPECT_FALSE(later.createAttempt);
-  EXPECT_EQ(later.status, p.status);
+  EXPECT_EQ(js(later.status), js(p.status));
   EXPECT_TRUE(later.events.empty());
-  EXPECT_TRUE(planExport(exportInput(p.status, {exportPod(1, "Succeeded", 0)})).podsToDelete.empty());
-  ExportPlan all = planExport(exportInput(p.status, {exportPod(1, "Succeeded", 0)}, {{"runPolicy", {{"cleanPodPolicy", "All"}}}}));
+  EXPECT_TRUE(planExport(exportInput(js(p.status), {exportPod(1, "Succeeded", 0)})).podsToDelete.empty());
+  ExportPlan all = planExport(exportInput(js(p.status), {exportPod(1, "Succeeded", 0)}, {{"runPolicy", {{"cleanPodPolicy", "All"}}}}));
   EXPECT_EQ(all.podsToDelete, std::vector<std::string>{"j-export-1"});
 }
 
 TEST(ExportPolicy, RefusalIsFinal) {
-  json st = planExport(exportInput(succeededStatus())).status;
+  json st = js(planExport(exportInput(succeededStatus())).status);
   const std::string report =
       R"js({"error":"refused: /c/step-00000008: holds no outer weights (saved during warm-up or in ddp mode)","exit_code":2})js";
   ExportPlan p = planExport(exportInput(st, {exportPod(1, "Failed", 2, report)}));
   EXPECT_FALSE(p.createAttempt);
   EXPECT_FALSE(p.inProgress);
-  EXPECT_EQ(p.status["phase"], "Succeeded");
-  EXPECT_EQ(condStatus(p.status, "Exported"), "False");
-  EXPECT_EQ(condReason(p.status, "Exported"), "ExportRefused");
-  EXPECT_EQ(findCondition(p.status, "Exported")->value("message", ""),
+  EXPECT_EQ(js(p.status)["phase"], "Succeeded");
+  EXPECT_EQ(condStatus(js(p.status), "Exported"), "False");
+  EXPECT_EQ(condReason(js(p.status), "Exported"), "ExportRefused");
+  EXPECT_EQ(findCondition(js(p.status), "Exported")->value("message", ""),
             "export pod j-export-1 exited with code 2: refused: /c/step-00000008: holds no outer weights (saved during "
             "warm-up or in ddp mode) (edit-export refused: not retried)");
-  EXPECT_EQ(p.status["export"]["attempts"], 1);
-  EXPECT_FALSE(planExport(exportInput(p.status, {exportPod(1, "Failed", 2, report)})).createAttempt);
+  EXPECT_EQ(js(p.status)["export"]["attempts"], 1);
+  EXPECT_FALSE(planExport(exportInput(js(p.status), {exportPod(1, "Failed", 2, report)})).createAttempt);
 }
 
 TEST(ExportPolicy, OtherFailuresRetryWithBackoffThenGiveUp) {
-  json st = planExport(exportInput(succeededStatus())).status;
+  json st = js(planExport(exportInput(succeededStatus())).status);
   // Exit 1 with no report: the log's tail (FallbackToLogsOnError) is the message.
   ExportPod crashed = exportPod(1, "Failed", 1, "edit-export: error: write /checkpoints/hf: No space left on device\n");
   ExportPlan wait = planExport(exportInput(st, {crashed}));
   EXPECT_FALSE(wait.createAttempt);
   EXPECT_TRUE(wait.inProgress);
   EXPECT_EQ(wait.requeueAfterSeconds, kExportBackoffSeconds);
-  EXPECT_EQ(wait.status["export"]["nextAttemptTime"], log::rfc3339(kNow + kExportBackoffSeconds));
-  EXPECT_EQ(condStatus(wait.status, "Exported"), "Unknown");
-  EXPECT_EQ(condReason(wait.status, "Exported"), "ExportRetrying");
-  EXPECT_NE(findCondition(wait.status, "Exported")->value("message", "").find("No space left on device"), std::string::npos);
+  EXPECT_EQ(js(wait.status)["export"]["nextAttemptTime"], log::rfc3339(kNow + kExportBackoffSeconds));
+  EXPECT_EQ(condStatus(js(wait.status), "Exported"), "Unknown");
+  EXPECT_EQ(condReason(js(wait.status), "Exported"), "ExportRetrying");
+  EXPECT_NE(findCondition(js(wait.status), "Exported")->value("message", "").find("No space left on device"), std::string::npos);
 
   // Later, but before it is due: the due time stays (no backoff restart per reconcile).
-  ExportInput later = exportInput(wait.status, {crashed});
+  ExportInput later = exportInput(js(wait.status), {crashed});
   later.now = kNow + 4;
   ExportPlan still = planExport(later);
   EXPECT_FALSE(still.createAttempt);
   EXPECT_EQ(still.requeueAfterSeconds, kExportBackoffSeconds - 4);
-  EXPECT_EQ(still.status, wait.status);
+  EXPECT_EQ(js(still.status), js(wait.status));
 
   later.now = kNow + kExportBackoffSeconds;
   ExportPlan second = planExport(later);
   ASSERT_TRUE(second.createAttempt);
   EXPECT_EQ(*second.createAttempt, 2);
-  EXPECT_EQ(second.status["export"]["attempts"], 2);
-  EXPECT_FALSE(second.status["export"].contains("nextAttemptTime"));
+  EXPECT_EQ(js(second.status)["export"]["attempts"], 2);
+  EXPECT_FALSE(js(second.status)["export"].contains("nextAttemptTime"));
 
   // Attempt 2 is evicted (no exit code): the wait doubles.
   ExportPod evicted = exportPod(2, "Failed");
   evicted.reason = "Evicted";
-  ExportInput in2 = exportInput(second.status, {crashed, evicted});
+  ExportInput in2 = exportInput(js(second.status), {crashed, evicted});
   in2.now = kNow + 100;
   ExportPlan wait2 = planExport(in2);
   EXPECT_EQ(wait2.requeueAfterSeconds, 2 * kExportBackoffSeconds);
@@ -291,14 +293,14 @@ TEST(ExportPolicy, OtherFailuresRetryWithBackoffThenGiveUp) {
   ASSERT_TRUE(third.createAttempt);
   EXPECT_EQ(*third.createAttempt, kExportAttempts);
 
-  ExportInput in3 = exportInput(third.status, {crashed, evicted, exportPod(3, "Failed", 137)});
+  ExportInput in3 = exportInput(js(third.status), {crashed, evicted, exportPod(3, "Failed", 137)});
   ExportPlan out = planExport(in3);
   EXPECT_FALSE(out.createAttempt);
   EXPECT_FALSE(out.inProgress);
-  EXPECT_EQ(out.status["phase"], "Succeeded");
-  EXPECT_EQ(condStatus(out.status, "Exported"), "False");
-  EXPECT_EQ(condReason(out.status, "Exported"), "ExportFailed");
-  EXPECT_EQ(findCondition(out.status, "Exported")->value("message", "").rfind("attempt 3 of 3 failed: export pod j-export-3 exited with code 137", 0), 0u);
+  EXPECT_EQ(js(out.status)["phase"], "Succeeded");
+  EXPECT_EQ(condStatus(js(out.status), "Exported"), "False");
+  EXPECT_EQ(condReason(js(out.status), "Exported"), "ExportFailed");
+  EXPECT_EQ(findCondition(js(out.status), "Exported")->value("message", "").rfind("attempt 3 of 3 failed: export pod j-export-3 exited with code 137", 0), 0u);
 }
 
 TEST(ExportPolicy, TtlWaitsForTheExport) {
@@ -311,16 +313,16 @@ TEST(ExportPolicy, TtlWaitsForTheExport) {
   EXPECT_EQ(attempt, 1);
   EXPECT_FALSE(plan.deleteJob);
   EXPECT_TRUE(plan.requeueAfterSeconds.has_value());
-  EXPECT_EQ(plan.status["phase"], "Succeeded");
+  EXPECT_EQ(js(plan.status)["phase"], "Succeeded");
 
   // Once exported, the TTL deletes the job.
   PlanInput done = in;
-  done.status = plan.status;
+  done.status = js(plan.status);
   Plan p2 = planReconcile(done);
   ExportPod ok = exportPod(1, "Succeeded", 0, kReport);
   mergeExportPlan(p2, {in.spec->exportModel, "/tmp/hf", "Running", p2.status, 1, {ok}, kNow});
   EXPECT_TRUE(p2.deleteJob);
-  EXPECT_EQ(condStatus(p2.status, "Exported"), "True");
+  EXPECT_EQ(condStatus(js(p2.status), "Exported"), "True");
 }
 
 TEST(ExportPolicy, ObservesAttemptAndReport) {

@@ -99,10 +99,10 @@ TEST(FailurePolicy, GangRestartReasonFromExitCodes) {
   const auto spec = *input({{"runPolicy", {{"replicaRecovery", "InPlace"}}}}).spec;
   const ObservedPod killed = pod(1, "Failed", 0, 137), peerLost = pod(1, "Failed", 0, 75),
                     stopped = pod(1, "Failed", 0, 143);
-  EXPECT_EQ(gangRestartReason(spec, "Running", {&killed}, nullptr), "");
-  EXPECT_NE(gangRestartReason(spec, "Running", {&peerLost}, nullptr).find("exit 75"), std::string::npos);
-  EXPECT_NE(gangRestartReason(spec, "Running", {&stopped}, nullptr).find("exit 143"), std::string::npos);
-  EXPECT_EQ(gangRestartReason(spec, "Created", {&killed}, nullptr), "the gang was not running yet");
+  EXPECT_EQ(gangRestartReason(spec, edit::op::api::Phase::Running, {&killed}, nullptr), "");
+  EXPECT_NE(gangRestartReason(spec, edit::op::api::Phase::Running, {&peerLost}, nullptr).find("exit 75"), std::string::npos);
+  EXPECT_NE(gangRestartReason(spec, edit::op::api::Phase::Running, {&stopped}, nullptr).find("exit 143"), std::string::npos);
+  EXPECT_EQ(gangRestartReason(spec, edit::op::api::Phase::Created, {&killed}, nullptr), "the gang was not running yet");
 }
 
 }  // namespace

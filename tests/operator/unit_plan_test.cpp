@@ -18,49 +18,49 @@ TEST(Plan, NewJobCreatesTheWholeGang) {
   EXPECT_EQ(p.ranksToCreate, (std::vector<int>{0, 1}));
   EXPECT_TRUE(p.ensureChildren);
   EXPECT_TRUE(p.gangCreated);
-  EXPECT_EQ(p.status["phase"], "Created");
-  EXPECT_EQ(condStatus(p.status, "Created"), "True");
-  EXPECT_EQ(p.status["startTime"], log::rfc3339(kNow));
-  EXPECT_EQ(p.status["observedGeneration"], 1);
-  EXPECT_EQ(p.status["workers"]["total"], 2);
+  EXPECT_EQ(js(p.status)["phase"], "Created");
+  EXPECT_EQ(condStatus(js(p.status), "Created"), "True");
+  EXPECT_EQ(js(p.status)["startTime"], log::rfc3339(kNow));
+  EXPECT_EQ(js(p.status)["observedGeneration"], 1);
+  EXPECT_EQ(js(p.status)["workers"]["total"], 2);
 }
 
 TEST(Plan, IsIdempotent) {
   Plan first = planReconcile(input());
-  PlanInput again = input({}, first.status);
+  PlanInput again = input({}, js(first.status));
   again.pods = {pod(0, "Pending"), pod(1, "Pending")};
   Plan second = planReconcile(again);
   EXPECT_TRUE(second.ranksToCreate.empty());
   EXPECT_TRUE(second.events.empty());
   Plan third = planReconcile(again);
-  EXPECT_EQ(second.status, third.status);
+  EXPECT_EQ(js(second.status), js(third.status));
 }
 
 TEST(Plan, AllRunningThenSucceeded) {
   PlanInput in = input({}, {{"phase", "Created"}, {"startTime", log::rfc3339(kNow - 5)}});
   in.pods = {pod(0, "Running"), pod(1, "Running")};
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Running");
-  EXPECT_EQ(condStatus(p.status, "Running"), "True");
-  EXPECT_EQ(p.status["workers"]["running"], 2);
+  EXPECT_EQ(js(p.status)["phase"], "Running");
+  EXPECT_EQ(condStatus(js(p.status), "Running"), "True");
+  EXPECT_EQ(js(p.status)["workers"]["running"], 2);
   ASSERT_FALSE(p.events.empty());
   EXPECT_EQ(p.events.back().reason, "Running");
 
-  PlanInput done = input({}, p.status);
+  PlanInput done = input({}, js(p.status));
   done.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Succeeded", 0, 0)};
   Plan s = planReconcile(done);
-  EXPECT_EQ(s.status["phase"], "Succeeded");
-  EXPECT_EQ(condStatus(s.status, "Succeeded"), "True");
-  EXPECT_EQ(condStatus(s.status, "Running"), "False");
-  EXPECT_EQ(s.status["completionTime"], log::rfc3339(kNow));
-  EXPECT_EQ(s.status["workers"]["succeeded"], 2);
+  EXPECT_EQ(js(s.status)["phase"], "Succeeded");
+  EXPECT_EQ(condStatus(js(s.status), "Succeeded"), "True");
+  EXPECT_EQ(condStatus(js(s.status), "Running"), "False");
+  EXPECT_EQ(js(s.status)["completionTime"], log::rfc3339(kNow));
+  EXPECT_EQ(js(s.status)["workers"]["succeeded"], 2);
 }
 
 TEST(Plan, OneFinishedWhileOthersRunStaysRunning) {
   PlanInput in = input({}, {{"phase", "Running"}});
   in.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Running")};
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Running");
+  EXPECT_EQ(js(p.status)["phase"], "Running");
   EXPECT_TRUE(p.ranksToCreate.empty());
 }
 
@@ -70,43 +70,43 @@ TEST(Plan, RetryableFailureRestartsTheGang) {
   in.pods = {pod(0, "Running"), pod(1, "Failed", 0, 1)};
   Plan p = planReconcile(in);
   EXPECT_TRUE(p.gangRestarted);
-  EXPECT_EQ(p.status["phase"], "Restarting");
-  EXPECT_EQ(p.status["restarts"], 1);
-  EXPECT_EQ(p.status["restartGeneration"], 1);
-  EXPECT_EQ(condStatus(p.status, "Restarting"), "True");
-  EXPECT_EQ(condReason(p.status, "Restarting"), "WorkerFailed");
+  EXPECT_EQ(js(p.status)["phase"], "Restarting");
+  EXPECT_EQ(js(p.status)["restarts"], 1);
+  EXPECT_EQ(js(p.status)["restartGeneration"], 1);
+  EXPECT_EQ(condStatus(js(p.status), "Restarting"), "True");
+  EXPECT_EQ(condReason(js(p.status), "Restarting"), "WorkerFailed");
   EXPECT_EQ(p.podsToDelete.size(), 2u);
   EXPECT_TRUE(p.ranksToCreate.empty());
 
   // While old-generation pods linger nothing new is created.
-  PlanInput wait = input(gang, p.status);
+  PlanInput wait = input(gang, js(p.status));
   wait.pods = {pod(0, "Running", 0), pod(1, "Failed", 0, 1)};
   wait.pods[0].deleting = true;
   Plan w = planReconcile(wait);
   EXPECT_TRUE(w.ranksToCreate.empty());
   EXPECT_EQ(w.podsToDelete, std::vector<std::string>{"j-worker-1"});
   EXPECT_FALSE(w.gangRestarted);
-  EXPECT_EQ(w.status["restarts"], 1);
+  EXPECT_EQ(js(w.status)["restarts"], 1);
 
   // Once they are gone the new generation is created, and Running clears Restarting.
-  Plan c = planReconcile(input(gang, p.status));
+  Plan c = planReconcile(input(gang, js(p.status)));
   EXPECT_EQ(c.ranksToCreate.size(), 2u);
   EXPECT_TRUE(c.joiningRanks.empty());  // a new gang starts its own rendezvous
-  EXPECT_EQ(c.status["phase"], "Restarting");
-  PlanInput up = input(gang, c.status);
+  EXPECT_EQ(js(c.status)["phase"], "Restarting");
+  PlanInput up = input(gang, js(c.status));
   up.pods = {pod(0, "Running", 1), pod(1, "Running", 1)};
   Plan r = planReconcile(up);
-  EXPECT_EQ(r.status["phase"], "Running");
-  EXPECT_EQ(condStatus(r.status, "Restarting"), "False");
+  EXPECT_EQ(js(r.status)["phase"], "Running");
+  EXPECT_EQ(condStatus(js(r.status), "Restarting"), "False");
 }
 
 TEST(Plan, BackoffLimitFails) {
   PlanInput in = input({{"runPolicy", {{"backoffLimit", 2}}}}, {{"phase", "Running"}, {"restarts", 2}, {"restartGeneration", 2}});
   in.pods = {pod(0, "Running", 2), pod(1, "Failed", 2, 137)};
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Failed");
-  EXPECT_EQ(condReason(p.status, "Failed"), "BackoffLimitExceeded");
-  EXPECT_NE(p.status["message"].get<std::string>().find("backoffLimit=2"), std::string::npos);
+  EXPECT_EQ(js(p.status)["phase"], "Failed");
+  EXPECT_EQ(condReason(js(p.status), "Failed"), "BackoffLimitExceeded");
+  EXPECT_NE(js(p.status)["message"].get<std::string>().find("backoffLimit=2"), std::string::npos);
   EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-0"});  // the running one stops
 }
 
@@ -122,10 +122,10 @@ TEST(Plan, PermanentExitCodesFailWithoutRestart) {
   PlanInput in = input({}, {{"phase", "Running"}});
   in.pods = {pod(0, "Failed", 0, 2), pod(1, "Running")};
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Failed");
-  EXPECT_EQ(condReason(p.status, "Failed"), "PermanentError");
+  EXPECT_EQ(js(p.status)["phase"], "Failed");
+  EXPECT_EQ(condReason(js(p.status), "Failed"), "PermanentError");
   EXPECT_FALSE(p.gangRestarted);
-  EXPECT_FALSE(p.status.contains("restarts") && p.status["restarts"] != 0);
+  EXPECT_FALSE(js(p.status).contains("restarts") && js(p.status)["restarts"] != 0);
 }
 
 TEST(Plan, StalledTrainingFailsWithTheWorkersReason) {
@@ -136,9 +136,9 @@ TEST(Plan, StalledTrainingFailsWithTheWorkersReason) {
   in.pods = {pod(0, "Failed", 0, 3), pod(1, "Failed", 0, 3)};
   in.pods[0].message = "training stalled: the outer step of unit block.1 was skipped in the last 3 sync rounds";
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Failed");
-  EXPECT_EQ(condReason(p.status, "Failed"), "TrainingStalled");
-  const std::string msg = findCondition(p.status, "Failed")->value("message", "");
+  EXPECT_EQ(js(p.status)["phase"], "Failed");
+  EXPECT_EQ(condReason(js(p.status), "Failed"), "TrainingStalled");
+  const std::string msg = findCondition(js(p.status), "Failed")->value("message", "");
   EXPECT_NE(msg.find("exit code 3"), std::string::npos) << msg;
   EXPECT_NE(msg.find("the outer step of unit block.1 was skipped"), std::string::npos) << msg;
   EXPECT_FALSE(p.gangRestarted);
@@ -150,17 +150,17 @@ TEST(Plan, InvalidSpecFailsAndCreatesNothing) {
   in.spec.reset();
   in.specError = "spec.replicas: must be in [1, 4096]";
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Failed");
-  EXPECT_EQ(condReason(p.status, "Failed"), "InvalidSpec");
-  EXPECT_NE(findCondition(p.status, "Failed")->value("message", "").find("spec.replicas"), std::string::npos);
+  EXPECT_EQ(js(p.status)["phase"], "Failed");
+  EXPECT_EQ(condReason(js(p.status), "Failed"), "InvalidSpec");
+  EXPECT_NE(findCondition(js(p.status), "Failed")->value("message", "").find("spec.replicas"), std::string::npos);
   EXPECT_TRUE(p.ranksToCreate.empty());
   EXPECT_FALSE(p.ensureChildren);
   ASSERT_EQ(p.events.size(), 1u);
   // A second pass changes nothing and emits no second event.
   PlanInput again = in;
-  again.status = p.status;
+  again.status = js(p.status);
   Plan q = planReconcile(again);
-  EXPECT_EQ(q.status, p.status);
+  EXPECT_EQ(js(q.status), js(p.status));
   EXPECT_TRUE(q.events.empty());
 }
 
@@ -169,15 +169,15 @@ TEST(Plan, DeadlineExceeded) {
                        {{"phase", "Running"}, {"startTime", log::rfc3339(kNow - 11)}});
   in.pods = {pod(0, "Running"), pod(1, "Running")};
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Failed");
-  EXPECT_EQ(condReason(p.status, "Failed"), "DeadlineExceeded");
+  EXPECT_EQ(js(p.status)["phase"], "Failed");
+  EXPECT_EQ(condReason(js(p.status), "Failed"), "DeadlineExceeded");
   EXPECT_EQ(p.podsToDelete.size(), 2u);
 
   PlanInput early = input({{"runPolicy", {{"activeDeadlineSeconds", 10}}}},
                           {{"phase", "Running"}, {"startTime", log::rfc3339(kNow - 4)}});
   early.pods = {pod(0, "Running"), pod(1, "Running")};
   Plan e = planReconcile(early);
-  EXPECT_EQ(e.status["phase"], "Running");
+  EXPECT_EQ(js(e.status)["phase"], "Running");
   ASSERT_TRUE(e.requeueAfterSeconds);
   EXPECT_EQ(*e.requeueAfterSeconds, 6);
 }
@@ -205,14 +205,14 @@ TEST(Plan, SuspendAndResume) {
   PlanInput in = input({{"runPolicy", {{"suspend", true}}}}, {{"phase", "Running"}, {"startTime", log::rfc3339(kNow)}});
   in.pods = {pod(0, "Running"), pod(1, "Running")};
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Suspended");
-  EXPECT_EQ(condStatus(p.status, "Suspended"), "True");
+  EXPECT_EQ(js(p.status)["phase"], "Suspended");
+  EXPECT_EQ(condStatus(js(p.status), "Suspended"), "True");
   EXPECT_EQ(p.podsToDelete.size(), 2u);
-  EXPECT_FALSE(p.status.contains("startTime"));
+  EXPECT_FALSE(js(p.status).contains("startTime"));
 
-  Plan r = planReconcile(input({}, p.status));
-  EXPECT_EQ(r.status["phase"], "Created");
-  EXPECT_EQ(condStatus(r.status, "Suspended"), "False");
+  Plan r = planReconcile(input({}, js(p.status)));
+  EXPECT_EQ(js(r.status)["phase"], "Created");
+  EXPECT_EQ(condStatus(js(r.status), "Suspended"), "False");
   EXPECT_EQ(r.ranksToCreate.size(), 2u);
 }
 
@@ -222,9 +222,9 @@ TEST(Plan, HangRestartsTheGang) {
   in.telemetry.present = true;
   in.telemetry.hung = true;
   Plan p = planReconcile(in);
-  EXPECT_EQ(condStatus(p.status, "Hung"), "True");
+  EXPECT_EQ(condStatus(js(p.status), "Hung"), "True");
   EXPECT_TRUE(p.gangRestarted);
-  EXPECT_EQ(condReason(p.status, "Restarting"), "Hung");
+  EXPECT_EQ(condReason(js(p.status), "Restarting"), "Hung");
   EXPECT_TRUE(p.deleteImmediately);  // stuck workers cannot use a grace period
 }
 
@@ -232,9 +232,9 @@ TEST(Plan, SucceededReportsTheFullBudgetEvenWithStaleTelemetry) {
   PlanInput in = input({}, {{"phase", "Running"}, {"progress", {{"step", 22}, {"totalSteps", 64}}}});
   in.pods = {pod(0, "Succeeded"), pod(1, "Succeeded")};
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Succeeded");
-  EXPECT_EQ(p.status["progress"]["step"], 64);
-  EXPECT_EQ(p.status["progress"]["etaSeconds"], 0);
+  EXPECT_EQ(js(p.status)["phase"], "Succeeded");
+  EXPECT_EQ(js(p.status)["progress"]["step"], 64);
+  EXPECT_EQ(js(p.status)["progress"]["etaSeconds"], 0);
 }
 
 TEST(Plan, StragglersAndReplace) {
@@ -242,18 +242,18 @@ TEST(Plan, StragglersAndReplace) {
   in.pods = {pod(0, "Running"), pod(1, "Running")};
   in.pods[1].node = "n1";
   in.telemetry.present = true;
-  in.telemetry.progress = {{"step", 10}};
-  in.telemetry.stragglers = json::array({{{"rank", 1}, {"pod", "j-worker-1"}, {"node", "n1"}, {"score", 3.0}}});
+  in.telemetry.progress.step = 10;
+  in.telemetry.stragglers = {{1, "j-worker-1", "n1", 3.0}};
   Plan p = planReconcile(in);
-  EXPECT_EQ(condStatus(p.status, "StragglerDetected"), "True");
-  EXPECT_EQ(p.status["stragglerCount"], 1);
-  EXPECT_EQ(p.status["progress"]["step"], 10);
+  EXPECT_EQ(condStatus(js(p.status), "StragglerDetected"), "True");
+  EXPECT_EQ(js(p.status)["stragglerCount"], 1);
+  EXPECT_EQ(js(p.status)["progress"]["step"], 10);
   EXPECT_TRUE(p.podsToDelete.empty());  // action Report
   bool evented = false;
   for (const auto& e : p.events) evented |= e.reason == "StragglerDetected";
   EXPECT_TRUE(evented);
 
-  PlanInput rep = input({{"stragglerPolicy", {{"action", "Replace"}}}}, p.status);
+  PlanInput rep = input({{"stragglerPolicy", {{"action", "Replace"}}}}, js(p.status));
   rep.pods = in.pods;
   rep.telemetry = in.telemetry;
   Plan r = planReconcile(rep);
@@ -265,21 +265,21 @@ TEST(Plan, StragglersAndReplace) {
   // pod joins the running job; a recovery, not a gang restart.
   EXPECT_TRUE(r.deleteImmediately);
   EXPECT_EQ(r.recoveredRanks, std::vector<int>{1});
-  EXPECT_EQ(r.status.value("replicaRecoveries", 0), 1);
-  EXPECT_EQ(r.status.value("restarts", 0), 0);
-  EXPECT_EQ(condStatus(r.status, "Recovering"), "True");
-  EXPECT_EQ(r.status["recovery"]["ranks"], json::array({1}));
+  EXPECT_EQ(js(r.status).value("replicaRecoveries", 0), 1);
+  EXPECT_EQ(js(r.status).value("restarts", 0), 0);
+  EXPECT_EQ(condStatus(js(r.status), "Recovering"), "True");
+  EXPECT_EQ(js(r.status)["recovery"]["ranks"], json::array({1}));
   // The node to avoid is in the status, so an operator restart does not forget it.
-  EXPECT_EQ(r.status["avoidNodes"], json::parse(R"([{"rank": 1, "node": "n1"}])"));
-  EXPECT_EQ(avoidNodesFromStatus(r.status), (std::map<int, std::set<std::string>>{{1, {"n1"}}}));
+  EXPECT_EQ(js(r.status)["avoidNodes"], json::parse(R"([{"rank": 1, "node": "n1"}])"));
+  EXPECT_EQ(avoidNodesFromStatus(js(r.status)), (std::map<int, std::set<std::string>>{{1, {"n1"}}}));
   // While the killed straggler is still visible (Running, being deleted) the recovery is
   // not over, and its rank is recreated as a replacement once it is gone.
-  PlanInput during = input({{"stragglerPolicy", {{"action", "Replace"}}}}, r.status);
+  PlanInput during = input({{"stragglerPolicy", {{"action", "Replace"}}}}, js(r.status));
   during.pods = in.pods;
   during.pods[1].deleting = true;
   Plan d = planReconcile(during);
-  EXPECT_EQ(condStatus(d.status, "Recovering"), "True");
-  PlanInput gone = input({{"stragglerPolicy", {{"action", "Replace"}}}}, d.status);
+  EXPECT_EQ(condStatus(js(d.status), "Recovering"), "True");
+  PlanInput gone = input({{"stragglerPolicy", {{"action", "Replace"}}}}, js(d.status));
   gone.pods = {in.pods[0]};
   Plan g = planReconcile(gone);
   EXPECT_EQ(g.ranksToCreate, std::vector<int>{1});
@@ -291,38 +291,38 @@ TEST(Plan, StragglersAndReplace) {
                                                              {"algorithm", {{"mode", "ddp"}}}}},
                                     std::pair<int, json>{1, {{"stragglerPolicy", {{"action", "Replace"}}},
                                                              {"runPolicy", {{"replicaRecovery", "GangRestart"}}}}}}) {
-    PlanInput g = input(spec, p.status);
+    PlanInput g = input(spec, js(p.status));
     g.pods = in.pods;
     g.telemetry = in.telemetry;
-    g.telemetry.stragglers[0]["rank"] = which;
+    g.telemetry.stragglers[0].rank = which;
     Plan gp = planReconcile(g);
     EXPECT_EQ(gp.podsToDelete, std::vector<std::string>{"j-worker-" + std::to_string(which)});
     EXPECT_FALSE(gp.deleteImmediately);
     EXPECT_TRUE(gp.recoveredRanks.empty());
-    EXPECT_FALSE(gp.status.contains("recovery"));
-    EXPECT_EQ(gp.status["avoidNodes"], json::parse(R"([{"rank": 1, "node": "n1"}])"));
+    EXPECT_FALSE(js(gp.status).contains("recovery"));
+    EXPECT_EQ(js(gp.status)["avoidNodes"], json::parse(R"([{"rank": 1, "node": "n1"}])"));
     // Its peers fail next: the gang restart keeps the node to avoid for the new gang.
-    PlanInput peers = input(spec, gp.status);
+    PlanInput peers = input(spec, js(gp.status));
     peers.pods = {pod(0, "Failed", 0, 75), pod(1, "Failed", 0, 137)};
     Plan rp = planReconcile(peers);
     EXPECT_TRUE(rp.gangRestarted);
-    EXPECT_EQ(rp.status["avoidNodes"], gp.status["avoidNodes"]);
+    EXPECT_EQ(js(rp.status)["avoidNodes"], js(gp.status)["avoidNodes"]);
   }
 
   // With runPolicy.backoffLimit spent a straggler is only reported: slow beats Failed.
-  PlanInput spent = input({{"stragglerPolicy", {{"action", "Replace"}}}, {"runPolicy", {{"backoffLimit", 1}}}}, p.status);
+  PlanInput spent = input({{"stragglerPolicy", {{"action", "Replace"}}}, {"runPolicy", {{"backoffLimit", 1}}}}, js(p.status));
   spent.status["restarts"] = 1;
   spent.pods = in.pods;
   spent.telemetry = in.telemetry;
   Plan sp = planReconcile(spent);
   EXPECT_TRUE(sp.podsToDelete.empty());
-  EXPECT_EQ(condStatus(sp.status, "StragglerDetected"), "True");
+  EXPECT_EQ(condStatus(js(sp.status), "StragglerDetected"), "True");
 
-  PlanInput clear = input({}, p.status);
+  PlanInput clear = input({}, js(p.status));
   clear.pods = in.pods;
   clear.telemetry.present = true;
   Plan c = planReconcile(clear);
-  EXPECT_EQ(condStatus(c.status, "StragglerDetected"), "False");
+  EXPECT_EQ(condStatus(js(c.status), "StragglerDetected"), "False");
 }
 
 TEST(Plan, AvoidNodesFromStatusSkipsWhatDoesNotParse) {
@@ -381,29 +381,29 @@ TEST(Plan, DisruptionsDoNotSpendTheBackoffLimit) {
   seen.pods[0].deleting = true;
   seen.pods[0].disruption = "EvictionByEvictionAPI";
   Plan p1 = planReconcile(seen);
-  EXPECT_EQ(condStatus(p1.status, "Disrupted"), "True");
-  EXPECT_EQ(condReason(p1.status, "Disrupted"), "EvictionByEvictionAPI");
+  EXPECT_EQ(condStatus(js(p1.status), "Disrupted"), "True");
+  EXPECT_EQ(condReason(js(p1.status), "Disrupted"), "EvictionByEvictionAPI");
   ASSERT_FALSE(p1.events.empty());
   EXPECT_EQ(p1.events.back().reason, "Disrupted");
   EXPECT_FALSE(p1.gangRestarted);
 
-  PlanInput failed = input(spec, p1.status);  // the evicted pod is gone; its peer stopped (143)
+  PlanInput failed = input(spec, js(p1.status));  // the evicted pod is gone; its peer stopped (143)
   failed.pods = {pod(1, "Failed", 0, 143)};
   Plan p2 = planReconcile(failed);
   EXPECT_TRUE(p2.gangRestarted);
-  EXPECT_EQ(p2.status["phase"], "Restarting");
-  EXPECT_EQ(p2.status["restarts"], 1);
-  EXPECT_EQ(p2.status["disruptions"], 1);
-  EXPECT_EQ(condStatus(p2.status, "Disrupted"), "False");
+  EXPECT_EQ(js(p2.status)["phase"], "Restarting");
+  EXPECT_EQ(js(p2.status)["restarts"], 1);
+  EXPECT_EQ(js(p2.status)["disruptions"], 1);
+  EXPECT_EQ(condStatus(js(p2.status), "Disrupted"), "False");
 
   // A failure of its own afterwards finds the budget (0) unspent... and exceeded.
-  PlanInput again = input(spec, p2.status);
+  PlanInput again = input(spec, js(p2.status));
   again.status["phase"] = "Running";
   again.status["restartGeneration"] = 1;
   again.pods = {pod(0, "Running", 1), pod(1, "Failed", 1, 1)};
   Plan p3 = planReconcile(again);
-  EXPECT_EQ(p3.status["phase"], "Failed");
-  EXPECT_EQ(condReason(p3.status, "Failed"), "BackoffLimitExceeded");
+  EXPECT_EQ(js(p3.status)["phase"], "Failed");
+  EXPECT_EQ(condReason(js(p3.status), "Failed"), "BackoffLimitExceeded");
 }
 
 TEST(Plan, DisruptedWorkerIsReplacedInPlaceForFree) {
@@ -413,9 +413,9 @@ TEST(Plan, DisruptedWorkerIsReplacedInPlaceForFree) {
   Plan p = planReconcile(in);
   EXPECT_FALSE(p.gangRestarted);
   EXPECT_EQ(p.recoveredRanks, (std::vector<int>{1}));
-  EXPECT_EQ(p.status["replicaRecoveries"], 2);
-  EXPECT_EQ(p.status["disruptions"], 1);
-  EXPECT_EQ(condStatus(p.status, "Recovering"), "True");
+  EXPECT_EQ(js(p.status)["replicaRecoveries"], 2);
+  EXPECT_EQ(js(p.status)["disruptions"], 1);
+  EXPECT_EQ(condStatus(js(p.status), "Recovering"), "True");
 }
 
 // observedGeneration is the generation whose spec the status reflects: a runPolicy change
@@ -425,10 +425,10 @@ TEST(Plan, ObservedGenerationFollowsTheSpecActedOn) {
   in.meta.generation = 2;
   in.pods = {pod(0, "Running"), pod(1, "Running")};
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["observedGeneration"], 2);
-  EXPECT_EQ(p.status["phase"], "Suspended");
+  EXPECT_EQ(js(p.status)["observedGeneration"], 2);
+  EXPECT_EQ(js(p.status)["phase"], "Suspended");
   EXPECT_EQ(p.podsToDelete.size(), 2u);
-  EXPECT_EQ(findCondition(p.status, "Suspended")->value("observedGeneration", 0L), 2);
+  EXPECT_EQ(findCondition(js(p.status), "Suspended")->value("observedGeneration", 0L), 2);
 }
 
 // When the API refuses the pods (Pod Security, quota), each retry plans the creation
@@ -436,7 +436,7 @@ TEST(Plan, ObservedGenerationFollowsTheSpecActedOn) {
 TEST(Plan, RetriedCreationIsNotAnotherGang) {
   Plan first = planReconcile(input());
   ASSERT_TRUE(first.gangCreated);
-  Plan retry = planReconcile(input({}, first.status));
+  Plan retry = planReconcile(input({}, js(first.status)));
   EXPECT_EQ(retry.ranksToCreate, (std::vector<int>{0, 1}));
   EXPECT_FALSE(retry.gangCreated);
   EXPECT_TRUE(retry.events.empty());
@@ -450,6 +450,6 @@ TEST(Plan, CrashAfterADisruptionIsCharged) {
   PlanInput in = input({{"runPolicy", {{"backoffLimit", 0}, {"replicaRecovery", "GangRestart"}}}}, status);
   in.pods = {pod(0, "Running"), pod(1, "Failed", 0, 1)};
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Failed");
-  EXPECT_EQ(condReason(p.status, "Failed"), "BackoffLimitExceeded");
+  EXPECT_EQ(js(p.status)["phase"], "Failed");
+  EXPECT_EQ(condReason(js(p.status), "Failed"), "BackoffLimitExceeded");
 }

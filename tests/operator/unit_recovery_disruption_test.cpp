@@ -23,15 +23,15 @@ TEST(Recovery, HangIsNotDeclaredWhileSurvivorsWaitForAReplacement) {
   in.telemetry.hung = true;
   Plan p = planReconcile(in);
   EXPECT_FALSE(p.gangRestarted);
-  EXPECT_NE(condStatus(p.status, "Hung"), "True");
-  EXPECT_TRUE(p.status.contains("recovery"));
+  EXPECT_NE(condStatus(js(p.status), "Hung"), "True");
+  EXPECT_TRUE(js(p.status).contains("recovery"));
 
   // A recovery older than hangTimeoutSeconds does not shield a hang.
   in.now = kNow + 41;
   Plan late = planReconcile(in);
   EXPECT_TRUE(late.gangRestarted);
-  EXPECT_EQ(condReason(late.status, "Restarting"), "Hung");
-  EXPECT_FALSE(late.status.contains("recovery"));
+  EXPECT_EQ(condReason(js(late.status), "Restarting"), "Hung");
+  EXPECT_FALSE(js(late.status).contains("recovery"));
 
   // ... counted from the replacement's start when it started later: its start-up (joining,
   // copying its state) gets the whole hang timeout, however long its pod took to come.
@@ -39,7 +39,7 @@ TEST(Recovery, HangIsNotDeclaredWhileSurvivorsWaitForAReplacement) {
   in.pods[1].started = log::rfc3339(kNow + 5);
   Plan starting = planReconcile(in);  // 36 s after its start
   EXPECT_FALSE(starting.gangRestarted);
-  EXPECT_TRUE(starting.status.contains("recovery"));
+  EXPECT_TRUE(js(starting.status).contains("recovery"));
   in.now = kNow + 66;  // 61 s
   EXPECT_TRUE(planReconcile(in).gangRestarted);
   // The failed incarnation's start does not count.
@@ -62,17 +62,17 @@ TEST(Recovery, HungWithASilentWorkerReplacesItInPlace) {
   EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-1"});
   EXPECT_TRUE(p.deleteImmediately);  // a stopped process cannot act on SIGTERM
   EXPECT_EQ(p.recoveredRanks, std::vector<int>{1});
-  EXPECT_EQ(p.status["restarts"], 0);
-  EXPECT_EQ(p.status["replicaRecoveries"], 1);
-  EXPECT_EQ(p.status["recovery"]["failedPodUIDs"], json::array({"uid-1-0"}));
-  EXPECT_EQ(condStatus(p.status, "Hung"), "True");
-  EXPECT_EQ(condReason(p.status, "Hung"), "WorkerUnresponsive");
-  const std::string msg = findCondition(p.status, "Hung")->value("message", "");
+  EXPECT_EQ(js(p.status)["restarts"], 0);
+  EXPECT_EQ(js(p.status)["replicaRecoveries"], 1);
+  EXPECT_EQ(js(p.status)["recovery"]["failedPodUIDs"], json::array({"uid-1-0"}));
+  EXPECT_EQ(condStatus(js(p.status), "Hung"), "True");
+  EXPECT_EQ(condReason(js(p.status), "Hung"), "WorkerUnresponsive");
+  const std::string msg = findCondition(js(p.status), "Hung")->value("message", "");
   EXPECT_NE(msg.find("rank(s) 1 sent nothing for 11 s"), std::string::npos) << msg;
-  EXPECT_EQ(condReason(p.status, "Recovering"), "WorkerUnresponsive");
+  EXPECT_EQ(condReason(js(p.status), "Recovering"), "WorkerUnresponsive");
 
   // Its replacement joins and reports: recovered, and the hang is over.
-  PlanInput up = input({{"hangTimeoutSeconds", 10}}, p.status);
+  PlanInput up = input({{"hangTimeoutSeconds", 10}}, js(p.status));
   up.now = kNow + 8;
   up.pods = {pod(0, "Running"), pod(1, "Running")};
   up.pods[1].uid = "uid-1-new";
@@ -80,9 +80,9 @@ TEST(Recovery, HungWithASilentWorkerReplacesItInPlace) {
   up.telemetry.ranks[0] = {"uid-0-0", 21, 0.5};
   up.telemetry.ranks[1] = {"uid-1-new", 21, 0.5};
   Plan r = planReconcile(up);
-  EXPECT_EQ(condReason(r.status, "Recovering"), "Recovered");
-  EXPECT_EQ(condStatus(r.status, "Hung"), "False");
-  EXPECT_EQ(condReason(r.status, "Hung"), "Recovered");
+  EXPECT_EQ(condReason(js(r.status), "Recovering"), "Recovered");
+  EXPECT_EQ(condStatus(js(r.status), "Hung"), "False");
+  EXPECT_EQ(condReason(js(r.status), "Hung"), "Recovered");
   EXPECT_FALSE(r.gangRestarted);
 }
 
@@ -105,8 +105,8 @@ TEST(Recovery, HungWithoutASilentMinorityRestartsTheGang) {
            {"GangRestart", hung({{"runPolicy", {{"replicaRecovery", "GangRestart"}}}}, 1, 11)},
            {"ddp", hung({{"algorithm", {{"mode", "ddp"}}}}, 1, 11)}}) {
     EXPECT_TRUE(p.gangRestarted) << what;
-    EXPECT_EQ(condReason(p.status, "Hung"), "NoProgress") << what;
-    EXPECT_FALSE(p.status.contains("recovery")) << what;
+    EXPECT_EQ(condReason(js(p.status), "Hung"), "NoProgress") << what;
+    EXPECT_FALSE(js(p.status).contains("recovery")) << what;
   }
 }
 
@@ -116,9 +116,9 @@ TEST(Recovery, SuspendDropsTheRecord) {
   PlanInput in = input({{"runPolicy", {{"suspend", true}}}}, st);
   in.pods = {pod(0, "Running")};
   Plan p = planReconcile(in);
-  EXPECT_FALSE(p.status.contains("recovery"));
+  EXPECT_FALSE(js(p.status).contains("recovery"));
   // Resumed: a whole new gang, nobody joins.
-  Plan r = planReconcile(input({}, p.status));
+  Plan r = planReconcile(input({}, js(p.status)));
   EXPECT_EQ(r.ranksToCreate, (std::vector<int>{0, 1}));
   EXPECT_TRUE(r.joiningRanks.empty());
 }
@@ -133,27 +133,27 @@ TEST(Recovery, PodDeletedBySomeoneElseIsReplacedInPlace) {
   in.pods = {pod(0, "Running"), pod(1, "Running")};
   in.pods[1].deleting = true;
   Plan p = planReconcile(in);
-  EXPECT_FALSE(p.status.contains("recovery"));
+  EXPECT_FALSE(js(p.status).contains("recovery"));
   EXPECT_TRUE(p.podsToDelete.empty());
   EXPECT_TRUE(p.ranksToCreate.empty());
 
-  PlanInput left = input({}, p.status);
+  PlanInput left = input({}, js(p.status));
   left.pods = {pod(0, "Running"), pod(1, "Failed", 0, 76)};
   left.pods[1].deleting = true;
   Plan l = planReconcile(left);
   EXPECT_FALSE(l.gangRestarted);
   EXPECT_TRUE(l.podsToDelete.empty());  // already going
   EXPECT_EQ(l.recoveredRanks, std::vector<int>{1});
-  EXPECT_EQ(l.status["replicaRecoveries"], 1);
-  EXPECT_EQ(l.status["recovery"]["failedPodUIDs"], json::array({"uid-1-0"}));
+  EXPECT_EQ(js(l.status)["replicaRecoveries"], 1);
+  EXPECT_EQ(js(l.status)["recovery"]["failedPodUIDs"], json::array({"uid-1-0"}));
   // Gone: recreated in the same generation, joining, not counted again.
-  PlanInput gone = input({}, l.status);
+  PlanInput gone = input({}, js(l.status));
   gone.pods = {pod(0, "Running")};
   Plan g = planReconcile(gone);
   EXPECT_EQ(g.ranksToCreate, std::vector<int>{1});
   EXPECT_EQ(g.joiningRanks, std::vector<int>{1});
-  EXPECT_EQ(g.status["restartGeneration"], 0);
-  EXPECT_EQ(g.status["replicaRecoveries"], 1);
+  EXPECT_EQ(js(g.status)["restartGeneration"], 0);
+  EXPECT_EQ(js(g.status)["replicaRecoveries"], 1);
 }
 
 // The pod went while the operator was not looking (it was restarting): the rank is missing
@@ -163,23 +163,23 @@ TEST(Recovery, RankWhosePodVanishedJoinsAsAReplacement) {
   in.pods = {pod(0, "Running")};
   Plan p = planReconcile(in);
   EXPECT_FALSE(p.gangRestarted);
-  EXPECT_EQ(p.status["replicaRecoveries"], 1);
-  EXPECT_EQ(p.status["recovery"]["ranks"], json::array({1}));
-  const std::string msg = findCondition(p.status, "Recovering")->value("message", "");
+  EXPECT_EQ(js(p.status)["replicaRecoveries"], 1);
+  EXPECT_EQ(js(p.status)["recovery"]["ranks"], json::array({1}));
+  const std::string msg = findCondition(js(p.status), "Recovering")->value("message", "");
   EXPECT_NE(msg.find("j-worker-1 is gone"), std::string::npos) << msg;
   // The next pass (the record stored) creates it, joining.
-  PlanInput next = input({}, p.status);
+  PlanInput next = input({}, js(p.status));
   next.pods = {pod(0, "Running")};
   Plan n = planReconcile(next);
   EXPECT_EQ(n.ranksToCreate, std::vector<int>{1});
   EXPECT_EQ(n.joiningRanks, std::vector<int>{1});
-  EXPECT_EQ(n.status["replicaRecoveries"], 1);
+  EXPECT_EQ(js(n.status)["replicaRecoveries"], 1);
   // Then, the replacement pending, nothing is counted or created again.
-  PlanInput again = input({}, n.status);
+  PlanInput again = input({}, js(n.status));
   again.pods = {pod(0, "Running"), pod(1, "Pending")};
   again.pods[1].uid = "uid-1-0-replacement";
   Plan a = planReconcile(again);
-  EXPECT_EQ(a.status["replicaRecoveries"], 1);
+  EXPECT_EQ(js(a.status)["replicaRecoveries"], 1);
   EXPECT_TRUE(a.ranksToCreate.empty());
 }
 
@@ -190,17 +190,17 @@ TEST(Recovery, MissingRanksThatAreNotReplacedInPlace) {
   stopped.pods = {pod(1, "Failed", 0, 143)};
   Plan a = planReconcile(stopped);
   EXPECT_TRUE(a.gangRestarted);
-  EXPECT_EQ(a.status.value("replicaRecoveries", 0), 0);
+  EXPECT_EQ(js(a.status).value("replicaRecoveries", 0), 0);
 
   PlanInput jobGoing = input({}, kRunning);
   jobGoing.meta.deleting = true;
   jobGoing.pods = {pod(0, "Running")};
-  EXPECT_FALSE(planReconcile(jobGoing).status.contains("recovery"));
+  EXPECT_FALSE(js(planReconcile(jobGoing).status).contains("recovery"));
 
   PlanInput created = input({}, {{"phase", "Created"}});
   created.pods = {pod(0, "Running")};
   Plan c = planReconcile(created);
-  EXPECT_FALSE(c.status.contains("recovery"));
+  EXPECT_FALSE(js(c.status).contains("recovery"));
   EXPECT_EQ(c.ranksToCreate, std::vector<int>{1});
   EXPECT_TRUE(c.joiningRanks.empty());
 
@@ -208,7 +208,7 @@ TEST(Recovery, MissingRanksThatAreNotReplacedInPlace) {
     PlanInput in = input(extra, kRunning);
     in.pods = {pod(0, "Running")};
     Plan p = planReconcile(in);
-    EXPECT_FALSE(p.status.contains("recovery")) << extra.dump();
+    EXPECT_FALSE(js(p.status).contains("recovery")) << extra.dump();
   }
 }
 
@@ -221,18 +221,18 @@ TEST(Recovery, EvictedPodIsReplacedInPlaceForFree) {
   seen.pods[1].deleting = true;
   seen.pods[1].disruption = "EvictionByEvictionAPI";
   Plan p1 = planReconcile(seen);
-  EXPECT_EQ(condStatus(p1.status, "Disrupted"), "True");
-  EXPECT_FALSE(p1.status.contains("recovery"));
+  EXPECT_EQ(condStatus(js(p1.status), "Disrupted"), "True");
+  EXPECT_FALSE(js(p1.status).contains("recovery"));
 
-  PlanInput gone = input(spec, p1.status);
+  PlanInput gone = input(spec, js(p1.status));
   gone.pods = {pod(0, "Running")};
   Plan p2 = planReconcile(gone);
   EXPECT_FALSE(p2.gangRestarted);
-  EXPECT_EQ(p2.status["phase"], "Running");
-  EXPECT_EQ(p2.status["replicaRecoveries"], 1);
-  EXPECT_EQ(p2.status["disruptions"], 1);
-  EXPECT_EQ(p2.status["recovery"]["ranks"], json::array({1}));
-  EXPECT_EQ(condStatus(p2.status, "Disrupted"), "False");
+  EXPECT_EQ(js(p2.status)["phase"], "Running");
+  EXPECT_EQ(js(p2.status)["replicaRecoveries"], 1);
+  EXPECT_EQ(js(p2.status)["disruptions"], 1);
+  EXPECT_EQ(js(p2.status)["recovery"]["ranks"], json::array({1}));
+  EXPECT_EQ(condStatus(js(p2.status), "Disrupted"), "False");
 }
 
 // The same eviction when the pod was gone before any reconcile saw its DisruptionTarget
@@ -244,20 +244,20 @@ TEST(Recovery, PodGoneBeforeItsDisruptionWasSeenIsStillFree) {
   gone.pods = {pod(0, "Running")};
   Plan p = planReconcile(gone);
   EXPECT_FALSE(p.gangRestarted);
-  EXPECT_EQ(p.status["phase"], "Running");
-  EXPECT_EQ(p.status["replicaRecoveries"], 1);
-  EXPECT_EQ(p.status["disruptions"], 1);
-  EXPECT_EQ(p.status["recovery"]["ranks"], json::array({1}));
-  EXPECT_EQ(condStatus(p.status, "Disrupted"), "False");
+  EXPECT_EQ(js(p.status)["phase"], "Running");
+  EXPECT_EQ(js(p.status)["replicaRecoveries"], 1);
+  EXPECT_EQ(js(p.status)["disruptions"], 1);
+  EXPECT_EQ(js(p.status)["recovery"]["ranks"], json::array({1}));
+  EXPECT_EQ(condStatus(js(p.status), "Disrupted"), "False");
   bool disruptedEvent = false;
   for (const auto& e : p.events) disruptedEvent |= e.reason == "Disrupted";
   EXPECT_TRUE(disruptedEvent);
   // A crash of its own afterwards is charged: the budget of 0 is spent.
-  PlanInput crash = input(spec, p.status);
+  PlanInput crash = input(spec, js(p.status));
   crash.pods = {pod(0, "Failed", 0, 137), pod(1, "Running")};
   crash.pods[1].uid = "uid-1-0-replacement";
   crash.status.erase("recovery");
-  EXPECT_EQ(planReconcile(crash).status["phase"], "Failed");
+  EXPECT_EQ(js(planReconcile(crash).status)["phase"], "Failed");
 }
 
 // `kubectl delete pod` just as the worker finished: its pod went before its exit 0 was
@@ -268,19 +268,19 @@ TEST(Recovery, GangThatFinishedWithoutTheReplacementSucceeds) {
   PlanInput in = input({}, kRunning);
   in.pods = {pod(0, "Running")};
   Plan p = planReconcile(in);
-  ASSERT_EQ(p.status["recovery"]["ranks"], json::array({1}));
-  PlanInput fin = input({}, p.status);
+  ASSERT_EQ(js(p.status)["recovery"]["ranks"], json::array({1}));
+  PlanInput fin = input({}, js(p.status));
   fin.pods = {pod(0, "Succeeded"), pod(1, "Running")};
   fin.pods[1].uid = "uid-1-0-replacement";
   Plan f = planReconcile(fin);
-  EXPECT_EQ(f.status["phase"], "Succeeded");
-  EXPECT_NE(f.status["message"].get<std::string>().find("rank(s) 1"), std::string::npos) << f.status["message"];
+  EXPECT_EQ(js(f.status)["phase"], "Succeeded");
+  EXPECT_NE(js(f.status)["message"].get<std::string>().find("rank(s) 1"), std::string::npos) << js(f.status)["message"];
   EXPECT_EQ(f.podsToDelete, std::vector<std::string>{"j-worker-1"});
-  EXPECT_FALSE(f.status.contains("recovery"));
+  EXPECT_FALSE(js(f.status).contains("recovery"));
   // Without a recovery record a missing success is just not finished yet.
   PlanInput plain = input({}, kRunning);
   plain.pods = {pod(0, "Succeeded"), pod(1, "Running")};
-  EXPECT_EQ(planReconcile(plain).status["phase"], "Running");
+  EXPECT_EQ(js(planReconcile(plain).status)["phase"], "Running");
 }
 
 TEST(Recovery, ObservedPodKnowsWhenItsContainerStarted) {

@@ -35,76 +35,76 @@ void reported(PlanInput& in, int rank, const std::string& uid, long step, int re
 
 TEST(Scaling, StatusNamesTheReplicasTrainingAndTheSelector) {
   Plan p = planReconcile(running(2));
-  EXPECT_EQ(p.status["replicas"], 2);
-  EXPECT_EQ(p.status["selector"], "edit.io/job-name=j,edit.io/rank");  // workers, not the export pod
+  EXPECT_EQ(js(p.status)["replicas"], 2);
+  EXPECT_EQ(js(p.status)["selector"], "edit.io/job-name=j,edit.io/rank");  // workers, not the export pod
   EXPECT_EQ(p.replicas, 2);
-  EXPECT_FALSE(p.status.contains("scaling"));
-  EXPECT_EQ(condStatus(p.status, "Scaling"), "");
+  EXPECT_FALSE(js(p.status).contains("scaling"));
+  EXPECT_EQ(condStatus(js(p.status), "Scaling"), "");
 }
 
 TEST(Scaling, UpCreatesTheNewReplicasPodsThenAsksOnceTheyRun) {
   Plan p = planReconcile(running(3));
-  EXPECT_EQ(p.status["scaling"]["from"], 2);
-  EXPECT_EQ(p.status["scaling"]["to"], 3);
-  EXPECT_FALSE(p.status["scaling"].contains("requestTime"));  // not before the new pod runs
+  EXPECT_EQ(js(p.status)["scaling"]["from"], 2);
+  EXPECT_EQ(js(p.status)["scaling"]["to"], 3);
+  EXPECT_FALSE(js(p.status)["scaling"].contains("requestTime"));  // not before the new pod runs
   EXPECT_EQ(p.scaleJoinRanks, std::vector<int>{2});
   EXPECT_EQ(p.scaleTo, 3);
   EXPECT_TRUE(p.ranksToCreate.empty());  // the running ranks are all there
   EXPECT_FALSE(p.scaleRequest);
-  EXPECT_EQ(p.status["replicas"], 2);   // still training with 2
+  EXPECT_EQ(js(p.status)["replicas"], 2);   // still training with 2
   EXPECT_EQ(p.replicas, 2);
-  EXPECT_EQ(p.status["workers"]["total"], 2);
-  EXPECT_EQ(condStatus(p.status, "Scaling"), "True");
-  EXPECT_EQ(condReason(p.status, "Scaling"), "ScalingUp");
+  EXPECT_EQ(js(p.status)["workers"]["total"], 2);
+  EXPECT_EQ(condStatus(js(p.status), "Scaling"), "True");
+  EXPECT_EQ(condReason(js(p.status), "Scaling"), "ScalingUp");
   EXPECT_TRUE(hasEvent(p, "Normal", "ScalingStarted"));
 
   // The new pod is Pending: no second create, no request.
-  PlanInput pending = running(3, p.status);
+  PlanInput pending = running(3, js(p.status));
   pending.pods.push_back(pod(2, "Pending"));
   Plan q = planReconcile(pending);
   EXPECT_TRUE(q.scaleJoinRanks.empty());
   EXPECT_FALSE(q.scaleRequest);
   EXPECT_TRUE(q.podsToDelete.empty());
-  EXPECT_EQ(q.status["phase"], "Running");
+  EXPECT_EQ(js(q.status)["phase"], "Running");
 
   // It runs: rank 0 is asked, and asked again only after the resend interval.
-  PlanInput up = running(3, q.status);
+  PlanInput up = running(3, js(q.status));
   up.pods.push_back(pod(2, "Running"));
   Plan r = planReconcile(up);
   ASSERT_TRUE(r.scaleRequest);
   EXPECT_EQ(*r.scaleRequest, 3);
-  EXPECT_EQ(r.status["scaling"]["requestTime"], log::rfc3339(kNow));
+  EXPECT_EQ(js(r.status)["scaling"]["requestTime"], log::rfc3339(kNow));
   ASSERT_TRUE(r.requeueAfterSeconds);
   EXPECT_LE(*r.requeueAfterSeconds, 10);
-  PlanInput soon = running(3, r.status);
+  PlanInput soon = running(3, js(r.status));
   soon.pods = up.pods;
   soon.now = kNow + 3;
   EXPECT_FALSE(planReconcile(soon).scaleRequest);
-  PlanInput later = running(3, r.status);
+  PlanInput later = running(3, js(r.status));
   later.pods = up.pods;
   later.now = kNow + 10;
   EXPECT_TRUE(planReconcile(later).scaleRequest);
 
   // Rank 0 reports a world of 3 replicas: done; the new rank is part of the job.
-  PlanInput done = running(3, r.status);
+  PlanInput done = running(3, js(r.status));
   done.pods = up.pods;
   done.now = kNow + 7;
   reported(done, 0, "uid-0-0", 40, 3);
   Plan d = planReconcile(done);
-  EXPECT_EQ(d.status["replicas"], 3);
+  EXPECT_EQ(js(d.status)["replicas"], 3);
   EXPECT_EQ(d.replicas, 3);
-  EXPECT_FALSE(d.status.contains("scaling"));
-  EXPECT_EQ(d.status["lastScale"]["result"], "Succeeded");
-  EXPECT_EQ(d.status["lastScale"]["from"], 2);
-  EXPECT_EQ(d.status["lastScale"]["to"], 3);
-  EXPECT_EQ(d.status["lastScale"]["seconds"], 7.0);
-  EXPECT_EQ(condStatus(d.status, "Scaling"), "False");
-  EXPECT_EQ(condReason(d.status, "Scaling"), "Scaled");
+  EXPECT_FALSE(js(d.status).contains("scaling"));
+  EXPECT_EQ(js(d.status)["lastScale"]["result"], "Succeeded");
+  EXPECT_EQ(js(d.status)["lastScale"]["from"], 2);
+  EXPECT_EQ(js(d.status)["lastScale"]["to"], 3);
+  EXPECT_EQ(js(d.status)["lastScale"]["seconds"], 7.0);
+  EXPECT_EQ(condStatus(js(d.status), "Scaling"), "False");
+  EXPECT_EQ(condReason(js(d.status), "Scaling"), "Scaled");
   EXPECT_TRUE(hasEvent(d, "Normal", "Scaled"));
   ASSERT_TRUE(d.scaleEnded);
   EXPECT_EQ(d.scaleEnded->result, "Succeeded");
-  EXPECT_EQ(d.status["workers"]["total"], 3);
-  EXPECT_EQ(d.status["workers"]["running"], 3);
+  EXPECT_EQ(js(d.status)["workers"]["total"], 3);
+  EXPECT_EQ(js(d.status)["workers"]["running"], 3);
   EXPECT_TRUE(d.podsToDelete.empty());
   EXPECT_FALSE(d.gangRestarted);
   // The children follow the new world (a gang PodGroup's minMember: the reconciler
@@ -123,7 +123,7 @@ TEST(Scaling, UpAsksOnlyOnceEveryPodOfTheNewReplicaRuns) {
   Plan p = planReconcile(in);
   ASSERT_TRUE(p.scaleRequest);
   EXPECT_EQ(*p.scaleRequest, 3);
-  EXPECT_EQ(p.status["workers"]["total"], 4);
+  EXPECT_EQ(js(p.status)["workers"]["total"], 4);
 }
 
 TEST(Scaling, UpEndsWhenEveryNewRankReportedFromItsPod) {
@@ -131,11 +131,11 @@ TEST(Scaling, UpEndsWhenEveryNewRankReportedFromItsPod) {
   PlanInput in = running(3, st);
   in.pods.push_back(pod(2, "Running"));
   reported(in, 2, "another-pod", 12);  // an old incarnation's report does not count
-  EXPECT_TRUE(planReconcile(in).status.contains("scaling"));
+  EXPECT_TRUE(js(planReconcile(in).status).contains("scaling"));
   reported(in, 2, "uid-2-0", 12);
   Plan p = planReconcile(in);
-  EXPECT_FALSE(p.status.contains("scaling"));
-  EXPECT_EQ(p.status["replicas"], 3);
+  EXPECT_FALSE(js(p.status).contains("scaling"));
+  EXPECT_EQ(js(p.status)["replicas"], 3);
 }
 
 TEST(Scaling, ANewPodThatFailsLeavesTheJobAtItsOldSizeWithoutARestart) {
@@ -145,14 +145,14 @@ TEST(Scaling, ANewPodThatFailsLeavesTheJobAtItsOldSizeWithoutARestart) {
   in.pods.back().message = "rendezvous: no peer answered";
   Plan p = planReconcile(in);
   EXPECT_FALSE(p.gangRestarted);
-  EXPECT_EQ(p.status["restarts"], 0);
-  EXPECT_EQ(p.status.value("replicaRecoveries", 0), 0);
-  EXPECT_EQ(p.status["replicas"], 2);
-  EXPECT_EQ(p.status["phase"], "Running");
-  EXPECT_FALSE(p.status.contains("scaling"));
-  EXPECT_EQ(p.status["lastScale"]["result"], "Abandoned");
-  EXPECT_EQ(condReason(p.status, "Scaling"), "ScaleAbandoned");
-  const std::string msg = findCondition(p.status, "Scaling")->value("message", "");
+  EXPECT_EQ(js(p.status)["restarts"], 0);
+  EXPECT_EQ(js(p.status).value("replicaRecoveries", 0), 0);
+  EXPECT_EQ(js(p.status)["replicas"], 2);
+  EXPECT_EQ(js(p.status)["phase"], "Running");
+  EXPECT_FALSE(js(p.status).contains("scaling"));
+  EXPECT_EQ(js(p.status)["lastScale"]["result"], "Abandoned");
+  EXPECT_EQ(condReason(js(p.status), "Scaling"), "ScaleAbandoned");
+  const std::string msg = findCondition(js(p.status), "Scaling")->value("message", "");
   EXPECT_NE(msg.find("j-worker-2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("no peer answered"), std::string::npos) << msg;
   EXPECT_NE(msg.find("continues with 2 replicas"), std::string::npos) << msg;
@@ -164,12 +164,12 @@ TEST(Scaling, ANewPodThatFailsLeavesTheJobAtItsOldSizeWithoutARestart) {
   EXPECT_EQ(*p.scaleRequest, 2);
 
   // Not retried for the same spec (same generation) ...
-  PlanInput again = running(3, p.status);
+  PlanInput again = running(3, js(p.status));
   Plan a = planReconcile(again);
-  EXPECT_FALSE(a.status.contains("scaling"));
+  EXPECT_FALSE(js(a.status).contains("scaling"));
   EXPECT_TRUE(a.scaleJoinRanks.empty());
   // ... but after spec.replicas changed again (a new generation).
-  PlanInput retry = running(3, p.status);
+  PlanInput retry = running(3, js(p.status));
   retry.meta.generation = 2;
   EXPECT_EQ(planReconcile(retry).scaleJoinRanks, std::vector<int>{2});
 }
@@ -179,8 +179,8 @@ TEST(Scaling, UpThatNeverJoinsIsAbandonedAtItsDeadline) {
   PlanInput in = running(3, st);
   in.pods.push_back(pod(2, "Running"));
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["lastScale"]["result"], "Abandoned");
-  EXPECT_EQ(p.status["replicas"], 2);
+  EXPECT_EQ(js(p.status)["lastScale"]["result"], "Abandoned");
+  EXPECT_EQ(js(p.status)["replicas"], 2);
   EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-2"});
 }
 
@@ -190,8 +190,8 @@ TEST(Scaling, UpTakenBackBeforeTheWorkersWereAskedIsCancelled) {
   PlanInput in = running(2, st);
   in.pods.push_back(pod(2, "Pending"));
   Plan p = planReconcile(in);
-  EXPECT_FALSE(p.status.contains("scaling"));
-  EXPECT_EQ(condReason(p.status, "Scaling"), "Cancelled");
+  EXPECT_FALSE(js(p.status).contains("scaling"));
+  EXPECT_EQ(condReason(js(p.status), "Scaling"), "Cancelled");
   EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-2"});
   EXPECT_FALSE(p.scaleRequest);
 }
@@ -204,32 +204,32 @@ TEST(Scaling, DownAsksAtOnceAndDeletesTheLeaversWhenTheyLeft) {
   Plan p = planReconcile(in);
   ASSERT_TRUE(p.scaleRequest);
   EXPECT_EQ(*p.scaleRequest, 2);
-  EXPECT_EQ(condReason(p.status, "Scaling"), "ScalingDown");
+  EXPECT_EQ(condReason(js(p.status), "Scaling"), "ScalingDown");
   EXPECT_TRUE(p.podsToDelete.empty());
   EXPECT_TRUE(p.scaleJoinRanks.empty());
 
   // The leaver exited 0: not the job's success, and the scale is done.
-  PlanInput left = input({{"replicas", 2}}, p.status);
+  PlanInput left = input({{"replicas", 2}}, js(p.status));
   left.pods = {pod(0, "Running"), pod(1, "Running"), pod(2, "Succeeded", 0, 0)};
   left.now = kNow + 4;
   Plan l = planReconcile(left);
-  EXPECT_EQ(l.status["phase"], "Running");
-  EXPECT_EQ(l.status["replicas"], 2);
+  EXPECT_EQ(js(l.status)["phase"], "Running");
+  EXPECT_EQ(js(l.status)["replicas"], 2);
   EXPECT_EQ(l.replicas, 2);
-  EXPECT_EQ(l.status["lastScale"]["result"], "Succeeded");
+  EXPECT_EQ(js(l.status)["lastScale"]["result"], "Succeeded");
   EXPECT_EQ(l.podsToDelete, std::vector<std::string>{"j-worker-2"});
   EXPECT_EQ(l.leftRanks, std::vector<int>{2});
   EXPECT_TRUE(l.ensureChildren);  // the PodGroup's minMember comes down with the world
-  EXPECT_EQ(l.status["workers"]["total"], 2);
-  EXPECT_EQ(l.status["workers"]["succeeded"], 0);
+  EXPECT_EQ(js(l.status)["workers"]["total"], 2);
+  EXPECT_EQ(js(l.status)["workers"]["succeeded"], 0);
 
   // Later the two that stay finish: the job succeeded with 2 workers.
-  PlanInput end = input({{"replicas", 2}}, l.status);
+  PlanInput end = input({{"replicas", 2}}, js(l.status));
   end.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Succeeded", 0, 0), pod(2, "Succeeded", 0, 0)};
   end.pods[2].deleting = true;
   Plan e = planReconcile(end);
-  EXPECT_EQ(e.status["phase"], "Succeeded");
-  EXPECT_EQ(e.status["message"], "all 2 workers succeeded");
+  EXPECT_EQ(js(e.status)["phase"], "Succeeded");
+  EXPECT_EQ(js(e.status)["message"], "all 2 workers succeeded");
 }
 
 TEST(Scaling, DownEndsWhenRankZeroReportsTheSmallerWorld) {
@@ -237,10 +237,10 @@ TEST(Scaling, DownEndsWhenRankZeroReportsTheSmallerWorld) {
   PlanInput in = input({{"replicas", 2}}, st);
   in.pods = {pod(0, "Running"), pod(1, "Running"), pod(2, "Running")};
   reported(in, 0, "uid-0-0", 50, 3);
-  EXPECT_TRUE(planReconcile(in).status.contains("scaling"));
+  EXPECT_TRUE(js(planReconcile(in).status).contains("scaling"));
   reported(in, 0, "uid-0-0", 51, 2);
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["replicas"], 2);
+  EXPECT_EQ(js(p.status)["replicas"], 2);
   EXPECT_EQ(p.podsToDelete, std::vector<std::string>{"j-worker-2"});  // still finishing: deleted anyway
 }
 
@@ -253,11 +253,11 @@ TEST(Scaling, ModesThatCannotResizeInPlaceTakeTheSizeAtTheirNextStart) {
     PlanInput in = input(spec, st);
     in.pods = {pod(0, "Running"), pod(1, "Running")};
     Plan p = planReconcile(in);
-    EXPECT_FALSE(p.status.contains("scaling")) << extra;
+    EXPECT_FALSE(js(p.status).contains("scaling")) << extra;
     EXPECT_TRUE(p.scaleJoinRanks.empty());
     EXPECT_FALSE(p.scaleRequest);
-    EXPECT_EQ(condReason(p.status, "Scaling"), "AppliesAtRestart") << extra;
-    EXPECT_EQ(p.status["replicas"], 2);
+    EXPECT_EQ(condReason(js(p.status), "Scaling"), "AppliesAtRestart") << extra;
+    EXPECT_EQ(js(p.status)["replicas"], 2);
   }
 }
 
@@ -265,11 +265,11 @@ TEST(Scaling, ASuspendedJobResumesWithTheNewSize) {
   json st = {{"phase", "Suspended"}, {"replicas", 2}, {"restartGeneration", 0}};
   PlanInput in = input({{"replicas", 3}}, st);
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["replicas"], 3);
+  EXPECT_EQ(js(p.status)["replicas"], 3);
   EXPECT_EQ(p.replicas, 3);
   EXPECT_EQ(p.ranksToCreate, (std::vector<int>{0, 1, 2}));
   EXPECT_TRUE(p.scaleJoinRanks.empty());
-  EXPECT_EQ(p.status["workers"]["total"], 3);
+  EXPECT_EQ(js(p.status)["workers"]["total"], 3);
 }
 
 TEST(Scaling, AScaleInProgressEndsWithTheJob) {
@@ -278,9 +278,9 @@ TEST(Scaling, AScaleInProgressEndsWithTheJob) {
   PlanInput in = running(3, st);
   in.pods = {pod(0, "Succeeded", 0, 0), pod(1, "Succeeded", 0, 0), pod(2, "Pending")};
   Plan p = planReconcile(in);
-  EXPECT_EQ(p.status["phase"], "Succeeded");
-  EXPECT_FALSE(p.status.contains("scaling"));
-  EXPECT_EQ(condStatus(p.status, "Scaling"), "False");
+  EXPECT_EQ(js(p.status)["phase"], "Succeeded");
+  EXPECT_FALSE(js(p.status).contains("scaling"));
+  EXPECT_EQ(condStatus(js(p.status), "Scaling"), "False");
 }
 
 // A Kueue-queued job answers a failed worker with a new gang (a new pod group): Kueue
@@ -293,7 +293,7 @@ TEST(Scaling, KueueQueuedJobRestartsTheGangOnAFailure) {
   in.pods = {pod(0, "Running"), pod(1, "Failed", 0, 137)};
   Plan p = planReconcile(in);
   expectGangRestart(p);
-  const std::string msg = findCondition(p.status, "Restarting")->value("message", "");
+  const std::string msg = findCondition(js(p.status), "Restarting")->value("message", "");
   EXPECT_NE(msg.find("Kueue"), std::string::npos) << msg;
 }
 

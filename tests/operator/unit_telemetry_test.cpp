@@ -432,7 +432,7 @@ TEST(Metrics, CommWaitIsACounterOfTheReportedIncreases) {
 
 TEST(Metrics, PhaseIsOneHotAndOperatorSeriesExist) {
   metrics::Metrics m;
-  m.setJobPhase("ns", "j", "Running");
+  m.setJobPhase("ns", "j", edit::op::api::Phase::Running);
   m.setJobRestarts("ns", "j", 2);
   m.setJobRestarts("ns", "j", 2);
   m.reconcileDone("success", 0.01);
@@ -454,7 +454,7 @@ TEST(Metrics, PhaseIsOneHotAndOperatorSeriesExist) {
 // "never blocked"), follows status.link, and goes with the job.
 TEST(Metrics, SyncBlockedRatioExistsOnlyOnceMeasured) {
   metrics::Metrics m;
-  m.setJobPhase("ns", "j", "Running");
+  m.setJobPhase("ns", "j", edit::op::api::Phase::Running);
   EXPECT_EQ(scrape(m).find("edit_job_sync_blocked_ratio{"), std::string::npos);
   m.setJobSyncBlocked("ns", "j", 0.375);
   EXPECT_NE(scrape(m).find("edit_job_sync_blocked_ratio{job=\"j\",namespace=\"ns\"} 0.375"), std::string::npos)

@@ -3,9 +3,9 @@
 every field, valid defaults, CEL rules that name existing fields, transition rules that
 keep every spec field but replicas, runPolicy and stragglerPolicy immutable, a scale
 subresource whose paths name fields of the right types, and every EDiTJob under examples/
-valid against the schema. The worker-config sections (model, data,
-training, algorithm, checkpoint, debug) are checked against `edit-train --print-schema`
-by scripts/schema_outputs.py (ctest packaging.crd_worker_schema)."""
+valid against the schema. The nodes made from the operator's and the workers' tables are
+checked against them by the operator's unit test CrdSchema.* and scripts/schema_outputs.py
+(ctest packaging.crd_schema)."""
 import re
 
 from common import CRD, ROOT, fail, load_yaml, load_yaml_docs
@@ -164,14 +164,11 @@ def check_examples(schema, problems):
 
 
 def condition_types():
-    """The condition types the operator sets, read from its source (the planner's cond(...),
-    the export policy's setCondition(...))."""
-    types = set()
-    for f in (ROOT / "operator" / "src").rglob("*.cpp"):
-        text = f.read_text()
-        types |= set(re.findall(r'\bcond\("([A-Z][A-Za-z]+)",\s*"(?:True|False|Unknown)"', text))
-        types |= set(re.findall(r'setCondition\([^,()]+,\s*"([A-Z][A-Za-z]+)"', text))
-    return types
+    """The condition types the operator sets: its named constants (operator/src/api/status.h,
+    namespace condition)."""
+    text = (ROOT / "operator" / "src" / "api" / "status.h").read_text()
+    block = re.search(r"namespace condition \{(.*?)\}  // namespace condition", text, re.S)
+    return set(re.findall(r'inline constexpr const char\* \w+ = "([A-Z][A-Za-z]+)";', block.group(1) if block else ""))
 
 
 def check_condition_types(crd, problems):
@@ -179,7 +176,7 @@ def check_condition_types(crd, problems):
     status.conditions descriptions (kubectl explain) and operator/README.md."""
     types = condition_types()
     if len(types) < 10:
-        problems.append(f"found only {sorted(types)} in operator/src: has cond(...) changed?")
+        problems.append(f"found only {sorted(types)} in operator/src/api/status.h: has namespace condition moved?")
     conds = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     places = {"CRD status.conditions description": conds["description"],
               "CRD status.conditions[].type description": conds["items"]["properties"]["type"]["description"],

@@ -1,6 +1,8 @@
 // EDiTJob (edit.io/v1alpha1) as the operator sees it: typed spec with defaults, parsed
 // from the object's JSON and validated again here (the CRD schema may be missing or
-// older than this binary). Errors name the field, e.g. "spec.replicas: must be >= 1".
+// older than this binary). Errors name the field, e.g. "spec.replicas: must be an integer
+// in [1, 4096], got 0". The fields, their rules and defaults: api/spec_table.h; the
+// status: api/status.h.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -18,6 +20,19 @@ inline constexpr const char* kVersion = "v1alpha1";
 inline constexpr const char* kApiVersion = "edit.io/v1alpha1";
 inline constexpr const char* kKind = "EDiTJob";
 inline constexpr const char* kPlural = "editjobs";
+
+// Labels on everything the operator creates for a job; rank, replica, shard and
+// generation on worker pods, component and export-attempt on the export pod.
+inline constexpr const char* kLabelJob = "edit.io/job-name";
+inline constexpr const char* kLabelRank = "edit.io/rank";
+inline constexpr const char* kLabelReplica = "edit.io/replica";
+inline constexpr const char* kLabelShard = "edit.io/shard";
+inline constexpr const char* kLabelGeneration = "edit.io/restart-generation";
+inline constexpr const char* kLabelComponent = "edit.io/component";
+inline constexpr const char* kComponentExport = "export";
+inline constexpr const char* kLabelExportAttempt = "edit.io/export-attempt";
+// Kueue's plain-pod integration: the queue label on the job (and on its pods).
+inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
 
 // Thrown by parseSpec; field() is the JSON path of the offending field.
 class SpecError : public std::runtime_error {
@@ -86,13 +101,16 @@ struct EDiTJobSpec {
   nlohmann::json volumeMounts = nlohmann::json::array();
   int masterPort = 29500;
   long hangTimeoutSeconds = 300;  // 0 disables hang detection
-  // Worker configuration sections, copied through to the worker's YAML config.
+  // Worker configuration sections, copied through to the worker's YAML config (less the
+  // volume claims, which the operator mounts).
   nlohmann::json model = nlohmann::json::object();
   nlohmann::json data = nlohmann::json::object();
   nlohmann::json training = nlohmann::json::object();
   nlohmann::json algorithm = nlohmann::json::object();
   nlohmann::json checkpoint = nlohmann::json::object();
   nlohmann::json debug = nlohmann::json::object();
+  std::string dataPvc;        // spec.data.pvc, mounted read-only at /data ("" none)
+  std::string checkpointPvc;  // spec.checkpoint.pvc, mounted at /checkpoints ("" none)
   // The worker process's runtime section, less recovery (runPolicy.replicaRecovery sets it).
   nlohmann::json runtime = nlohmann::json::object();
   PodTemplateOverride podTemplate;
@@ -110,9 +128,6 @@ struct EDiTJobSpec {
   // and the mode has local phases (ddp synchronizes every step, so survivors cannot wait).
   bool inPlaceRecovery() const { return runPolicy.replicaRecovery == "InPlace" && edit::hasLocalPhases(mode()); }
 };
-
-// Kueue's plain-pod integration: the queue label on the job (and on its pods).
-inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
 
 // The parts of the object's metadata the controller needs.
 struct JobMeta {

@@ -1,6 +1,6 @@
 // The objects an EDiTJob should own, derived purely from the job (no API calls):
-// worker config (ConfigMap), telemetry token (Secret), headless Service, PodGroup and
-// one Pod per rank. Kept pure so that tests can check every field.
+// worker config (ConfigMap), telemetry token (Secret), headless Service and PodGroup; the
+// pods: controller/pod_spec.h. Kept pure so that tests can check every field.
 #pragma once
 
 #include <map>
@@ -14,15 +14,10 @@ namespace edit::op::controller {
 
 using nlohmann::json;
 
-// Labels on everything the operator creates for a job.
-inline constexpr const char* kLabelJob = "edit.io/job-name";
-inline constexpr const char* kLabelRank = "edit.io/rank";
-inline constexpr const char* kLabelReplica = "edit.io/replica";
-inline constexpr const char* kLabelShard = "edit.io/shard";
-inline constexpr const char* kLabelGeneration = "edit.io/restart-generation";
 inline constexpr const char* kConfigKey = "config.yaml";
 inline constexpr const char* kTokenKey = "token";
 inline constexpr const char* kCheckpointMount = "/checkpoints";  // where spec.checkpoint.pvc is mounted
+inline constexpr const char* kDataMount = "/data";               // where spec.data.pvc is mounted
 // Where a worker or export container writes why it ended (the kubelet's default path).
 inline constexpr const char* kTerminationMessagePath = "/dev/termination-log";
 
@@ -50,9 +45,6 @@ std::string podName(const std::string& job, int rank);
 std::string masterAddr(const std::string& job, const std::string& ns);
 
 json ownerReference(const api::JobMeta& meta);
-// The pod and container securityContext of the job's pods (defaults or spec.podTemplate's).
-json podSecurityContext(const api::EDiTJobSpec& s);
-json containerSecurityContext(const api::EDiTJobSpec& s);
 // checkpoint.dir as the workers get it ("" when the job keeps no checkpoints).
 std::string checkpointDir(const JobRef& job);
 
@@ -68,34 +60,12 @@ json desiredSecret(const JobRef& job, const std::string& token);
 json desiredService(const JobRef& job);
 // Empty object when no gang scheduler is named.
 json desiredPodGroup(const JobRef& job);
+// "volcano", "coscheduling" or "" (no gang scheduler) for spec.schedulerName.
+std::string gangScheduler(const std::string& schedulerName);
 // How often an idle worker resends its last report: a fifth of hangTimeoutSeconds, within
 // [1, 10] s, so that when the job hangs a stopped worker has been silent far longer than
 // the others (controller/recovery.cpp tells them apart at half the hang timeout).
 long heartbeatSeconds(const api::EDiTJobSpec& s);
-
-// How a worker pod enters the job: with the gang (a new rendezvous), as the replacement of
-// a failed rank of a running gang (EDIT_JOIN=1: it takes the state from its peers), or as
-// a rank of a new replica at an in-place scale-up (EDIT_JOIN=scale).
-enum class PodJoin { Start, Replace, Scale };
-
-// A Kueue pod group (plain-pod integration): the pods Kueue admits together as one
-// Workload. A gang is one group per restart generation; a scale-up's new pods are another,
-// admitted (with their own quota) before they start.
-struct PodGroupRef {
-  std::string name;  // kueue.x-k8s.io/pod-group-name (a label value: at most 63 characters)
-  int total = 0;     // kueue.x-k8s.io/pod-group-total-count
-};
-PodGroupRef gangPodGroup(const JobRef& job, int restartGeneration);
-// scaleStart: status.scaling.startTime as seconds since the epoch (one group per attempt).
-PodGroupRef scalePodGroup(const JobRef& job, int restartGeneration, int from, int to, long scaleStart);
-
-// The pod of one rank. job.spec.replicas is the number of replicas of the world the pod
-// enters (WORLD_SIZE, EDIT_REPLICAS): status.replicas, or the target of a scale-up for its
-// new pods. avoidNodes: nodes this rank must not land on (straggler replacement).
-// group: the pod's Kueue group when the job is queued (default: the gang's).
-json desiredPod(const JobRef& job, int rank, int restartGeneration, const OperatorSettings& settings,
-                const std::set<std::string>& avoidNodes = {}, PodJoin join = PodJoin::Start,
-                const PodGroupRef& group = {});
 
 // The label selector of a job's worker pods, in label-selector text (status.selector, read
 // by the scale subresource).

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "api/editjob.h"
+#include "controller/pod_spec.h"
 
 namespace edit::op::controller {
 namespace {
@@ -25,7 +26,7 @@ bool within(const std::string& inner, const std::string& outer) {
 
 std::string exportRoot(const JobRef& job) {
   const auto& s = job.spec;
-  if (s.checkpoint.contains("pvc") && s.checkpoint["pvc"].is_string()) return kCheckpointMount;
+  if (!s.checkpointPvc.empty()) return kCheckpointMount;
   const std::string dir = normal(checkpointDir(job));
   std::string best;
   for (const auto& m : s.volumeMounts) {
@@ -58,18 +59,9 @@ std::string exportPodName(const std::string& job, int attempt) {
 json desiredExportPod(const JobRef& job, int attempt) {
   const auto& s = job.spec;
   const auto& e = *s.exportModel;
-  const std::string name = exportPodName(job.meta.name, attempt);
-
-  json labels = s.podTemplate.labels;
-  labels.update({{kLabelJob, job.meta.name}, {kLabelComponent, kComponentExport},
-                 {kLabelExportAttempt, std::to_string(attempt)}});
-
-  // edit-export writes its JSON report (or {"error": ...}) as the termination message;
-  // the operator reads the result from the pod's status. --force: a retried attempt
-  // replaces what a killed one left.
-  json command = json::array({"edit-export", "--checkpoint", checkpointDir(job), "--out", exportOutDir(job),
-                              "--dtype", e.dtype, "--weights", e.weights, "--force", "--report",
-                              kTerminationMessagePath});
+  PodParts parts;
+  parts.name = exportPodName(job.meta.name, attempt);
+  parts.labels = {{api::kLabelComponent, api::kComponentExport}, {api::kLabelExportAttempt, std::to_string(attempt)}};
 
   // The export runs on CPU: the workers' resources without accelerators.
   json resources = json::object();
@@ -81,40 +73,20 @@ json desiredExportPod(const JobRef& job, int attempt) {
       resources[part][k] = it.value();
     }
   }
-
-  json volumes = s.volumes;
   json mounts = s.volumeMounts;
-  if (s.checkpoint.contains("pvc") && s.checkpoint["pvc"].is_string()) {
-    volumes.push_back({{"name", "edit-checkpoint"}, {"persistentVolumeClaim", {{"claimName", s.checkpoint["pvc"]}}}});
-    mounts.push_back({{"name", "edit-checkpoint"}, {"mountPath", kCheckpointMount}});
-  }
-
-  json container = {{"name", "export"},
-                    {"image", s.image},
-                    {"command", command},
-                    {"securityContext", containerSecurityContext(s)},
-                    // A failure before the report (a crash, OOM) still leaves the log's tail.
-                    {"terminationMessagePolicy", "FallbackToLogsOnError"}};
-  if (!s.env.empty()) container["env"] = s.env;
-  if (!s.imagePullPolicy.empty()) container["imagePullPolicy"] = s.imagePullPolicy;
-  if (!resources.empty()) container["resources"] = resources;
-  if (!mounts.empty()) container["volumeMounts"] = mounts;
-
+  addCheckpointVolume(s, parts.volumes, mounts);
+  // edit-export writes its JSON report (or {"error": ...}) as the termination message;
+  // the operator reads the result from the pod's status. --force: a retried attempt
+  // replaces what a killed one left.
+  parts.container = {{"name", "export"},
+                     {"command", json::array({"edit-export", "--checkpoint", checkpointDir(job), "--out",
+                                              exportOutDir(job), "--dtype", e.dtype, "--weights", e.weights, "--force",
+                                              "--report", kTerminationMessagePath})},
+                     {"resources", resources},
+                     {"volumeMounts", mounts}};
+  if (!s.env.empty()) parts.container["env"] = s.env;
   // No schedulerName: one pod needs no gang scheduling.
-  json spec = {{"restartPolicy", "Never"},
-               {"securityContext", podSecurityContext(s)},
-               {"containers", json::array({container})}};
-  if (!volumes.empty()) spec["volumes"] = volumes;
-  if (!s.nodeSelector.empty()) spec["nodeSelector"] = s.nodeSelector;
-  if (!s.tolerations.empty()) spec["tolerations"] = s.tolerations;
-  if (!s.priorityClassName.empty()) spec["priorityClassName"] = s.priorityClassName;
-  if (!s.serviceAccountName.empty()) spec["serviceAccountName"] = s.serviceAccountName;
-  if (!s.podTemplate.imagePullSecrets.empty()) spec["imagePullSecrets"] = s.podTemplate.imagePullSecrets;
-
-  json metadata = {{"name", name}, {"namespace", job.meta.ns}, {"labels", labels},
-                   {"ownerReferences", json::array({ownerReference(job.meta)})}};
-  if (!s.podTemplate.annotations.empty()) metadata["annotations"] = s.podTemplate.annotations;
-  return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", metadata}, {"spec", spec}};
+  return basePod(job, std::move(parts));
 }
 
 }  // namespace edit::op::controller

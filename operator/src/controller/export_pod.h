@@ -10,11 +10,6 @@
 
 namespace edit::op::controller {
 
-// Set on export pods only: the reconciler tells them from the workers by it.
-inline constexpr const char* kLabelComponent = "edit.io/component";
-inline constexpr const char* kComponentExport = "export";
-inline constexpr const char* kLabelExportAttempt = "edit.io/export-attempt";
-
 // The directory spec.export.path is relative to, as the pods see it: the claim's mount
 // (/checkpoints) with checkpoint.pvc; else the spec.volumeMounts entry that holds
 // checkpoint.dir; else the directory that holds checkpoint.dir.

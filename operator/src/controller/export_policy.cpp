@@ -8,6 +8,9 @@
 namespace edit::op::controller {
 namespace {
 
+using api::CondStatus;
+namespace reason = api::reason;
+
 constexpr size_t kMaxMessage = 1024;
 
 std::string cut(const std::string& s) { return s.size() > kMaxMessage ? s.substr(0, kMaxMessage) + "..." : s; }
@@ -43,32 +46,55 @@ long asLong(const json& v) {
   return 0;
 }
 
+// status.export and the Exported condition after a successful attempt, from edit-export's report.
+std::string recordSuccess(const ExportPod& p, const std::string& outDir, const std::string& specDtype,
+                          api::ExportStatus& ex) {
+  const json r = report(p);
+  api::ExportStatus out;
+  out.attempts = ex.attempts.value_or(0);
+  out.path = r.is_object() && r.contains("out") && r["out"].is_string() ? r["out"].get<std::string>() : outDir;
+  std::string msg = "exported to " + *out.path;
+  if (r.is_object()) {
+    if (r.contains("step")) out.step = asLong(r["step"]);
+    if (r.contains("weights") && r["weights"].is_string()) out.weights = r["weights"].get<std::string>();
+    if (r.contains("dtype") && r["dtype"].is_string()) out.dtype = r["dtype"].get<std::string>();
+    if (r.contains("bytes")) out.bytes = asLong(r["bytes"]);
+    msg = "wrote " + r.value("model", *out.path + "/model.safetensors") + " and config.json";
+    if (out.step) msg += " from the checkpoint of step " + std::to_string(*out.step);
+    msg += " (" + out.weights.value_or("?") + " weights, " + out.dtype.value_or(specDtype) + ", " +
+           std::to_string(out.bytes.value_or(0)) + " bytes)";
+  } else {
+    msg += " (" + p.name + " left no report)";
+  }
+  ex = out;
+  return msg;
+}
+
 class ExportPlanner {
  public:
   explicit ExportPlanner(const ExportInput& in) : in_(in) {
-    out_.status = in.status.is_object() ? in.status : json::object();
+    out_.status = in.status;
     now_ = log::rfc3339(in.now);
-    if (out_.status.contains("export") && out_.status["export"].is_object()) ex_ = out_.status["export"];
+    ex_ = out_.status.exportStatus.value_or(api::ExportStatus{});
   }
 
   ExportPlan run() {
     if (!in_.spec) return out_;
-    const std::string phase = out_.status.value("phase", "");
-    const json* c = findCondition(out_.status, "Exported");
-    const std::string done = c ? c->value("status", "") : "";
-    if (phase == "Failed" && done.empty()) {
-      cond("False", "JobFailed", "the job failed; spec.export runs only after it succeeds");
+    const api::Phase phase = out_.status.phase;
+    const api::Condition* c = out_.status.condition(api::condition::Exported);
+    if (phase == api::Phase::Failed && !c) {
+      cond(CondStatus::False, reason::JobFailed, "the job failed; spec.export runs only after it succeeds");
       return out_;
     }
-    if (phase != "Succeeded") return out_;
-    if (done == "True" || done == "False") {
+    if (phase != api::Phase::Succeeded) return out_;
+    if (c && c->status != CondStatus::Unknown) {
       if (in_.cleanPodPolicy == "All")
         for (const auto& p : in_.pods)
           if (!p.deleting) out_.podsToDelete.push_back(p.name);
       return out_;
     }
     out_.inProgress = true;
-    const int attempts = static_cast<int>(asLong(ex_.value("attempts", json(0))));
+    const int attempts = ex_.attempts.value_or(0);
     if (attempts < 1) return start(1);
 
     const ExportPod* cur = nullptr;
@@ -80,39 +106,42 @@ class ExportPlanner {
       out_.createAttempt = attempts;
       return out_;
     }
-    if (cur->phase == "Succeeded") return succeeded(*cur);
+    if (cur->phase == "Succeeded") {
+      finish(CondStatus::True, reason::Exported, recordSuccess(*cur, in_.outDir, in_.spec->dtype, ex_), api::kNormal);
+      return out_;
+    }
     if (cur->phase != "Failed") {
       if (cur->deleting) out_.requeueAfterSeconds = 1;  // gone soon: then it is recreated
       return out_;
     }
     const std::string why = failure(*cur);
     if (cur->exitCode && *cur->exitCode == 2) {
-      finish("False", "ExportRefused", why + " (edit-export refused: not retried)", "Warning");
+      finish(CondStatus::False, reason::ExportRefused, why + " (edit-export refused: not retried)", api::kWarning);
       return out_;
     }
     if (attempts >= kExportAttempts) {
-      finish("False", "ExportFailed",
+      finish(CondStatus::False, reason::ExportFailed,
              "attempt " + std::to_string(attempts) + " of " + std::to_string(kExportAttempts) + " failed: " + why,
-             "Warning");
+             api::kWarning);
       return out_;
     }
     return retry(attempts, why);
   }
 
  private:
-  void cond(const std::string& s, const std::string& reason, const std::string& msg) {
-    setCondition(out_.status, "Exported", s, reason, msg, now_, in_.generation);
+  void cond(CondStatus s, const char* why, const std::string& msg) {
+    out_.status.setCondition(api::condition::Exported, s, why, msg, now_, in_.generation);
   }
-  void store() { out_.status["export"] = ex_; }
+  void store() { out_.status.exportStatus = ex_; }
 
   ExportPlan start(int attempt) {
-    ex_["attempts"] = attempt;
-    ex_.erase("nextAttemptTime");
+    ex_.attempts = attempt;
+    ex_.nextAttemptTime.reset();
     store();
     const std::string msg = "exporting the checkpoint to " + in_.outDir + " (attempt " + std::to_string(attempt) +
                             " of " + std::to_string(kExportAttempts) + ")";
-    cond("Unknown", "Exporting", msg);
-    out_.events.push_back({"Normal", "Exporting", msg});
+    cond(CondStatus::Unknown, reason::Exporting, msg);
+    out_.events.push_back({api::kNormal, reason::Exporting, msg});
     out_.createAttempt = attempt;
     return out_;
   }
@@ -120,15 +149,15 @@ class ExportPlanner {
   // The first look at a failed attempt stores when the next one is due, so that the
   // backoff survives operator restarts and does not restart at every reconcile.
   ExportPlan retry(int attempts, const std::string& why) {
-    std::time_t due = log::parseRfc3339(ex_.value("nextAttemptTime", ""));
+    std::time_t due = log::parseRfc3339(ex_.nextAttemptTime.value_or(""));
     if (!due) {
       due = in_.now + kExportBackoffSeconds * (1L << (attempts - 1));
-      ex_["nextAttemptTime"] = log::rfc3339(due);
+      ex_.nextAttemptTime = log::rfc3339(due);
       store();
       const std::string msg = "attempt " + std::to_string(attempts) + " of " + std::to_string(kExportAttempts) +
                               " failed: " + why + "; retrying at " + log::rfc3339(due);
-      cond("Unknown", "ExportRetrying", msg);
-      out_.events.push_back({"Warning", "ExportRetrying", msg});
+      cond(CondStatus::Unknown, reason::ExportRetrying, msg);
+      out_.events.push_back({api::kWarning, reason::ExportRetrying, msg});
     }
     if (in_.now < due) {
       out_.requeueAfterSeconds = static_cast<long>(due - in_.now);
@@ -137,40 +166,17 @@ class ExportPlanner {
     return start(attempts + 1);
   }
 
-  ExportPlan succeeded(const ExportPod& p) {
-    const json r = report(p);
-    json ex = {{"attempts", ex_.value("attempts", json(0))}};
-    ex["path"] = r.is_object() && r.contains("out") && r["out"].is_string() ? r["out"].get<std::string>() : in_.outDir;
-    std::string msg = "exported to " + ex["path"].get<std::string>();
-    if (r.is_object()) {
-      if (r.contains("step")) ex["step"] = asLong(r["step"]);
-      if (r.contains("weights") && r["weights"].is_string()) ex["weights"] = r["weights"];
-      if (r.contains("dtype") && r["dtype"].is_string()) ex["dtype"] = r["dtype"];
-      if (r.contains("bytes")) ex["bytes"] = asLong(r["bytes"]);
-      msg = "wrote " + r.value("model", ex["path"].get<std::string>() + "/model.safetensors") + " and config.json";
-      if (ex.contains("step")) msg += " from the checkpoint of step " + std::to_string(ex["step"].get<long>());
-      msg += " (" + ex.value("weights", std::string("?")) + " weights, " + ex.value("dtype", in_.spec->dtype) + ", " +
-             std::to_string(ex.value("bytes", 0L)) + " bytes)";
-    } else {
-      msg += " (" + p.name + " left no report)";
-    }
-    ex_ = ex;
+  void finish(CondStatus s, const char* why, const std::string& msg, const char* eventType) {
+    ex_.nextAttemptTime.reset();
     store();
-    finish("True", "Exported", msg, "Normal");
-    return out_;
-  }
-
-  void finish(const std::string& s, const std::string& reason, const std::string& msg, const std::string& eventType) {
-    ex_.erase("nextAttemptTime");
-    store();
-    cond(s, reason, msg);
-    out_.events.push_back({eventType, reason, msg});
+    cond(s, why, msg);
+    out_.events.push_back({eventType, why, msg});
     out_.inProgress = false;
   }
 
   const ExportInput& in_;
   ExportPlan out_;
-  json ex_ = json::object();  // status.export
+  api::ExportStatus ex_;  // status.export
   std::string now_;
 };
 
@@ -178,7 +184,7 @@ class ExportPlanner {
 
 bool isExportPod(const json& pod) {
   const json labels = pod.value("metadata", json::object()).value("labels", json::object());
-  return labels.value(kLabelComponent, "") == kComponentExport;
+  return labels.value(api::kLabelComponent, "") == api::kComponentExport;
 }
 
 ExportPod observeExportPod(const json& pod) {
@@ -191,7 +197,7 @@ ExportPod observeExportPod(const json& pod) {
   p.reason = o.reason;
   p.message = o.message;
   const json labels = pod.value("metadata", json::object()).value("labels", json::object());
-  p.attempt = static_cast<int>(asLong(labels.value(kLabelExportAttempt, json("0"))));
+  p.attempt = static_cast<int>(asLong(labels.value(api::kLabelExportAttempt, json("0"))));
   return p;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "api/editjob.h"
+#include "api/status.h"
 #include "controller/plan.h"
 
 namespace edit::op::controller {
@@ -43,14 +44,14 @@ struct ExportInput {
   std::optional<api::ExportSpec> spec;
   std::string outDir;                        // --out (status.export.path when the report lacks it)
   std::string cleanPodPolicy = "Running";    // All also deletes the export pods once done
-  json status = json::object();              // the job's status as planReconcile left it
+  api::EDiTJobStatus status;                 // the job's status as planReconcile left it
   long generation = 0;
   std::vector<ExportPod> pods;
   std::time_t now = 0;
 };
 
 struct ExportPlan {
-  json status;
+  api::EDiTJobStatus status;
   std::optional<int> createAttempt;         // create exportPodName(job, attempt)
   std::vector<std::string> podsToDelete;
   std::optional<long> requeueAfterSeconds;

@@ -20,9 +20,9 @@ std::optional<PermanentFailure> permanentFailure(const std::vector<const Observe
     if (!p->exitCode || !edit::isPermanentExit(*p->exitCode)) continue;
     // edit-train found the outer step skipped maxSkippedRounds rounds in a row.
     if (*p->exitCode == edit::kExitStalled)
-      return PermanentFailure{"TrainingStalled",
+      return PermanentFailure{api::reason::TrainingStalled,
                               describeExit(*p) + "; training stalled, not retried (a restart would replay it)"};
-    return PermanentFailure{"PermanentError", describeExit(*p) +
+    return PermanentFailure{api::reason::PermanentError, describeExit(*p) +
                                                   ": a permanent error (invalid config or data, or command not "
                                                   "runnable); not retried"};
   }
@@ -41,8 +41,8 @@ bool causedByDisruption(const std::vector<const ObservedPod*>& failed, bool disr
   return allStopped && disruptionSeen;
 }
 
-std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
-                              const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active) {
+std::string gangRestartReason(const api::EDiTJobSpec& spec, api::Phase phase,
+                              const std::vector<const ObservedPod*>& failed, const api::RecoveryStatus* active) {
   if (spec.runPolicy.replicaRecovery != "InPlace") return "runPolicy.replicaRecovery is " + spec.runPolicy.replicaRecovery;
   // Kueue keeps a failed pod of a group until a replacement of another name exists, and a
   // replacement here takes the failed pod's name once it is gone: the new gang is a new
@@ -51,7 +51,7 @@ std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& p
     return "the job is queued by Kueue (label kueue.x-k8s.io/queue-name): a failed pod is replaced with its gang";
   if (!edit::hasLocalPhases(spec.mode())) return "mode ddp synchronizes every step, so no rank can be replaced alone";
   // Before every pod ran the gang had not formed: there is no running job to join.
-  if (phase != "Running") return "the gang was not running yet";
+  if (phase != api::Phase::Running) return "the gang was not running yet";
   // edit-train's exit codes that rule out an in-place recovery (docs/design-decisions.md):
   // 75, a peer was lost and this worker could not wait for it; 143, every rank
   // checkpointed and stops together.
@@ -59,7 +59,7 @@ std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& p
     if (p->exitCode == edit::kExitPeerLost) return p->name + " could not wait for a replacement (exit 75)";
     if (p->exitCode == edit::kExitTerminated)
       return p->name + " was stopped (exit 143: the gang checkpointed and stops)";
-    if (active && active->isReplacement(*p)) return "the replacement pod " + p->name + " failed while joining";
+    if (active && isReplacement(*active, *p)) return "the replacement pod " + p->name + " failed while joining";
   }
   return "";
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "api/editjob.h"
+#include "api/status.h"
 #include "controller/observed.h"
 #include "controller/recovery.h"
 
@@ -39,7 +40,7 @@ struct BackoffBudget {
 
 // A failure that retrying cannot fix: the job fails with this reason and message.
 struct PermanentFailure {
-  std::string reason;   // TrainingStalled | PermanentError
+  std::string reason;   // api::reason::TrainingStalled | PermanentError
   std::string message;
 };
 
@@ -57,8 +58,8 @@ bool causedByDisruption(const std::vector<const ObservedPod*>& failed, bool disr
 // Why these failed pods need a gang restart; empty when they can be replaced in place.
 // phase: the job's phase before this failure (only a gang that formed can be joined).
 // active: the in-place recovery under way, if any.
-std::string gangRestartReason(const api::EDiTJobSpec& spec, const std::string& phase,
-                              const std::vector<const ObservedPod*>& failed, const RecoveryRecord* active);
+std::string gangRestartReason(const api::EDiTJobSpec& spec, api::Phase phase,
+                              const std::vector<const ObservedPod*>& failed, const api::RecoveryStatus* active);
 
 enum class FailureResponse {
   JoinRecovery,   // replace the ranks within the recovery under way: the same budget

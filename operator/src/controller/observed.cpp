@@ -1,6 +1,6 @@
 #include "controller/observed.h"
 
-#include "controller/desired.h"
+#include "api/editjob.h"
 
 namespace edit::op::controller {
 namespace {
@@ -22,8 +22,8 @@ ObservedPod observePod(const json& pod) {
   o.name = md.value("name", "");
   o.uid = md.value("uid", "");
   json labels = md.value("labels", json::object());
-  o.rank = labelInt(labels, kLabelRank, -1);
-  o.generation = labelInt(labels, kLabelGeneration, 0);
+  o.rank = labelInt(labels, api::kLabelRank, -1);
+  o.generation = labelInt(labels, api::kLabelGeneration, 0);
   o.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
   const json status = pod.value("status", json::object());
   o.phase = status.value("phase", "Pending");

@@ -7,7 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "api/status.h"
 #include "link_advice.h"
 
 namespace edit::op::controller {
@@ -39,8 +41,8 @@ ObservedPod observePod(const json& pod);
 // The workers' telemetry for one job, as the hub holds it when the reconcile runs.
 struct TelemetryView {
   bool present = false;
-  json progress = json::object();          // status.progress
-  json stragglers = json::array();         // status.stragglers
+  api::Progress progress;                  // status.progress
+  std::vector<api::StragglerStatus> stragglers;  // status.stragglers
   std::string lastReportTime;              // RFC 3339
   bool hung = false;
   int replicas = 0;  // replicas rank 0's world has, by its newest report (0: unknown)

@@ -14,15 +14,19 @@ namespace {
 using kube::ApiError;
 namespace res = kube::resources;
 
-json progressJson(const telemetry::Progress& p) {
+api::Progress progressOf(const telemetry::Progress& p) {
   // Rounded so that status changes only when something a reader sees changes.
   auto round3 = [](double v) { return std::round(v * 1000.0) / 1000.0; };
-  json j = {{"step", p.step},         {"totalSteps", p.totalSteps},
-            {"tokens", p.tokens},     {"loss", round3(p.loss)},
-            {"tokensPerSecond", std::round(p.tokensPerSecond)},
-            {"syncRounds", p.syncRounds}, {"anomalies", p.anomalies}};
-  if (p.etaSeconds >= 0) j["etaSeconds"] = std::round(p.etaSeconds);
-  return j;
+  api::Progress out;
+  out.step = static_cast<long>(p.step);
+  out.totalSteps = static_cast<long>(p.totalSteps);
+  out.tokens = static_cast<long>(p.tokens);
+  out.loss = round3(p.loss);
+  out.tokensPerSecond = std::round(p.tokensPerSecond);
+  out.syncRounds = static_cast<long>(p.syncRounds);
+  out.anomalies = static_cast<long>(p.anomalies);
+  if (p.etaSeconds >= 0) out.etaSeconds = std::round(p.etaSeconds);
+  return out;
 }
 
 constexpr auto kFailedCreateRepeat = std::chrono::minutes(5);
@@ -52,14 +56,14 @@ bool Reconciler::createChild(const kube::ResourceType& rt, const json& obj, cons
       repeat = it != lastFailedCreate_.end() && it->second.first == msg && now - it->second.second < kFailedCreateRepeat;
       if (!repeat) lastFailedCreate_[uid] = {msg, now};
     }
-    if (!repeat) events_.record(jobObj, "Warning", "FailedCreate", msg);
+    if (!repeat) events_.record(jobObj, api::kWarning, api::reason::FailedCreate, msg);
     throw;
   }
 }
 
 std::vector<json> Reconciler::ownedPods(const api::JobMeta& meta) {
   std::vector<json> out;
-  for (auto& pod : pods_.list(meta.ns, {{kLabelJob, meta.name}})) {
+  for (auto& pod : pods_.list(meta.ns, {{api::kLabelJob, meta.name}})) {
     const json refs = pod["metadata"].value("ownerReferences", json::array());
     bool ours = false, otherController = false;
     for (const auto& r : refs) {
@@ -132,9 +136,9 @@ void Reconciler::ensureChildren(const JobRef& job, const json& jobObj) {
 }
 
 void Reconciler::createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
-                            const std::vector<int>& joiningRanks, const json& status, const json& jobObj,
-                            bool scaleJoin, const PodGroupRef& group) {
-  auto avoid = avoidNodesFromStatus(status);
+                            const std::vector<int>& joiningRanks, const api::EDiTJobStatus& status,
+                            const json& jobObj, bool scaleJoin, const PodGroupRef& group) {
+  auto avoid = avoidNodesByRank(status);
   for (int rank : ranks) {
     const bool join = std::find(joiningRanks.begin(), joiningRanks.end(), rank) != joiningRanks.end();
     const PodJoin how = scaleJoin ? PodJoin::Scale : join ? PodJoin::Replace : PodJoin::Start;
@@ -152,107 +156,96 @@ void Reconciler::createPods(const JobRef& job, const std::vector<int>& ranks, in
   }
 }
 
-TelemetryView Reconciler::telemetryView(const JobRef& job, const std::string& phase,
-                                        const std::vector<ObservedPod>& pods) {
+TelemetryView Reconciler::telemetryView(const JobRef& job, api::Phase phase, const std::vector<ObservedPod>& pods) {
   TelemetryView v;
   auto snap = hub_.snapshot(job.meta.ns, job.meta.name);
   if (!snap || !snap->hasReports) return v;
   v.present = true;
-  v.progress = progressJson(snap->progress);
+  v.progress = progressOf(snap->progress);
   for (const auto& s : snap->stragglers) {
     std::string pod = s.pod.empty() ? podName(job.meta.name, s.rank) : s.pod;
     std::string node = s.node;
     for (const auto& p : pods)
       if (p.rank == s.rank && node.empty()) node = p.node;
-    v.stragglers.push_back({{"rank", s.rank}, {"pod", pod}, {"node", node}, {"score", std::round(s.score * 100) / 100}});
+    v.stragglers.push_back({s.rank, pod, node, std::round(s.score * 100) / 100});
   }
   v.lastReportTime = log::rfc3339(static_cast<std::time_t>(snap->lastReportUnix));
   const double now = telemetry::unixNow();
   for (const auto& [rank, r] : snap->ranks)
     v.ranks[rank] = {r.podUid, static_cast<long>(r.step), std::max(0.0, now - r.lastSeenUnix), r.local};
   if (auto r0 = snap->ranks.find(0); r0 != snap->ranks.end()) v.replicas = r0->second.replicas;
-  v.hung = phase == "Running" && hub_.hung(job.meta.ns, job.meta.name, static_cast<double>(job.spec.hangTimeoutSeconds));
+  v.hung = phase == api::Phase::Running && hub_.hung(job.meta.ns, job.meta.name, static_cast<double>(job.spec.hangTimeoutSeconds));
   return v;
 }
 
 void Reconciler::forget(const std::string& ns, const std::string& name) { hub_.forgetJob(ns, name); }
 
-std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string& ns, const std::string& name) {
-  auto jobObj = client_.tryGet(res::EDiTJobs, ns, name);
-  if (!jobObj) {
-    forget(ns, name);
-    return std::nullopt;
-  }
-  api::JobMeta meta = api::parseMeta(*jobObj);
-  if (meta.deleting) return std::nullopt;  // garbage collection removes the children
-
-  PlanInput in;
-  in.meta = meta;
+// Observe: the job's spec (invalid: specError), its pods and its workers' telemetry.
+Reconciler::Observed Reconciler::observe(const json& jobObj) {
+  Observed o;
+  o.obj = jobObj;
+  PlanInput& in = o.in;
+  in.meta = api::parseMeta(jobObj);
   in.now = std::time(nullptr);
-  in.status = jobObj->value("status", json::object());
+  in.status = jobObj.value("status", json::object());
   try {
-    in.spec = api::parseSpec(*jobObj);
-    api::validateName(meta.name, in.spec->worldSize());
-    checkWorkerConfig(JobRef{meta, *in.spec});
-    checkExport(JobRef{meta, *in.spec});
+    in.spec = api::parseSpec(jobObj);
+    api::validateName(in.meta.name, in.spec->worldSize());
+    checkWorkerConfig(JobRef{in.meta, *in.spec});
+    checkExport(JobRef{in.meta, *in.spec});
   } catch (const api::SpecError& e) {
     in.spec.reset();
     in.specError = e.what();
   }
-  std::string oldPhase = in.status.value("phase", "");
-  std::vector<ExportPod> exportPods;  // spec.export's pods are not workers
-  for (const auto& p : ownedPods(meta)) {
-    if (isExportPod(p)) exportPods.push_back(observeExportPod(p));
+  o.oldPhase = api::parsePhase(in.status.value("phase", ""));
+  for (const auto& p : ownedPods(in.meta)) {
+    if (isExportPod(p)) o.exportPods.push_back(observeExportPod(p));  // spec.export's pods are not workers
     else in.pods.push_back(observePod(p));
   }
+  if (!in.spec) return o;
+  o.job = JobRef{in.meta, *in.spec};
+  const std::string token = ensureToken(*o.job, !api::isFinished(o.oldPhase), jobObj);
+  const auto& sp = in.spec->stragglerPolicy;
+  if (!token.empty())
+    hub_.registerJob(in.meta.ns, in.meta.name, token, {sp.threshold, sp.windowSteps, sp.minReports},
+                     in.status.value("restartGeneration", 0),
+                     in.spec->shardsPerReplica * std::max(in.spec->replicas, in.status.value("replicas", 0)));
+  in.telemetry = telemetryView(*o.job, o.oldPhase, in.pods);
+  return o;
+}
 
-  std::optional<JobRef> job;
-  if (in.spec) {
-    job = JobRef{meta, *in.spec};
-    bool finished = oldPhase == "Succeeded" || oldPhase == "Failed";
-    std::string token = ensureToken(*job, !finished, *jobObj);
-    const auto& sp = in.spec->stragglerPolicy;
-    if (!token.empty())
-      hub_.registerJob(ns, name, token, {sp.threshold, sp.windowSteps, sp.minReports},
-                       in.status.value("restartGeneration", 0),
-                       in.spec->shardsPerReplica * std::max(in.spec->replicas, in.status.value("replicas", 0)));
-    in.telemetry = telemetryView(*job, oldPhase, in.pods);
-  }
+// The one status write: if we crash after it, the next run sees the new generation and
+// cleans up the old pods instead of counting the same failure twice.
+void Reconciler::persistStatus(const Observed& o, const Plan& plan) {
+  const json st = plan.status.toJson();
+  if (st == o.in.status) return;
+  const api::JobMeta& meta = o.in.meta;
+  client_.updateStatusWithRetry(res::EDiTJobs, meta.ns, meta.name, [&](json& obj) {
+    if (obj["metadata"].value("uid", "") != meta.uid) return false;
+    obj["status"] = st;
+    return true;
+  });
+}
 
-  Plan plan = planReconcile(in);
-  std::optional<int> exportAttempt;
-  if (job && job->spec.exportModel)
-    exportAttempt = mergeExportPlan(plan, {job->spec.exportModel, exportOutDir(*job), job->spec.runPolicy.cleanPodPolicy,
-                                           plan.status, meta.generation, exportPods, in.now});
-  const json& st = plan.status;
-  std::string newPhase = st.value("phase", "");
-  int restartGen = st.value("restartGeneration", 0);
-
+// The telemetry hub follows the plan (generations, ranks, scale requests); metrics and events.
+void Reconciler::applyTelemetry(const Observed& o, const Plan& plan) {
+  const std::string &ns = o.in.meta.ns, &name = o.in.meta.name;
+  const api::Phase phase = plan.status.phase;
   if (plan.gangRestarted) {
-    hub_.resetJob(ns, name, restartGen);
+    hub_.resetJob(ns, name, plan.status.restartGeneration.value_or(0));
     metrics_.jobRestarted();
   }
-  // Status first: if we crash after it, the next run sees the new generation and
-  // cleans up the old pods instead of counting the same failure twice.
-  if (st != in.status) {
-    client_.updateStatusWithRetry(res::EDiTJobs, ns, name, [&](json& obj) {
-      if (obj["metadata"].value("uid", "") != meta.uid) return false;
-      obj["status"] = st;
-      return true;
-    });
+  if (phase != o.oldPhase) {
+    log::info("phase", {{"namespace", ns}, {"job", name}, {"from", api::phaseName(o.oldPhase)}, {"to", api::phaseName(phase)}});
+    if (phase == api::Phase::Succeeded) metrics_.jobSucceeded();
+    if (phase == api::Phase::Failed) metrics_.jobFailed();
   }
-  if (newPhase != oldPhase) {
-    log::info("phase", {{"namespace", ns}, {"job", name}, {"from", oldPhase}, {"to", newPhase}});
-    if (newPhase == "Succeeded") metrics_.jobSucceeded();
-    if (newPhase == "Failed") metrics_.jobFailed();
-  }
-  metrics_.setJobPhase(ns, name, newPhase);
-  metrics_.setJobRestarts(ns, name, st.value("restarts", 0));
-  metrics_.setJobReplicaRecoveries(ns, name, st.value("replicaRecoveries", 0));
-  if (job) metrics_.setJobReplicas(ns, name, plan.replicas);
-  if (job && plan.status.contains("link") && plan.status["link"].is_object())
-    metrics_.setJobSyncBlocked(ns, name, plan.status["link"].value("blockedShare", 0.0));
-  for (const auto& ev : plan.events) events_.record(*jobObj, ev.type, ev.reason, ev.message);
+  metrics_.setJobPhase(ns, name, phase);
+  metrics_.setJobRestarts(ns, name, plan.status.restarts.value_or(0));
+  metrics_.setJobReplicaRecoveries(ns, name, plan.status.replicaRecoveries.value_or(0));
+  if (o.job) metrics_.setJobReplicas(ns, name, plan.replicas);
+  if (o.job && plan.status.link) metrics_.setJobSyncBlocked(ns, name, plan.status.link->blockedShare);
+  for (const auto& ev : plan.events) events_.record(o.obj, ev.type, ev.reason, ev.message);
 
   for (const auto& [rank, node] : plan.replacedRanks) hub_.resetRank(ns, name, rank);
   if (plan.recoverySeconds) metrics_.replicaRecovered(static_cast<double>(*plan.recoverySeconds));
@@ -261,45 +254,85 @@ std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string
   if (plan.scaleEnded) metrics_.jobScaled(plan.scaleEnded->result, plan.scaleEnded->seconds);
   if (plan.scaleRequest)
     hub_.sendScale(ns, name, 0, *plan.scaleRequest, "spec.replicas is " + std::to_string(*plan.scaleRequest));
-  for (const auto& pod : plan.podsToDelete)
-    client_.remove(res::Pods, ns, pod, "Background", plan.deleteImmediately ? 0 : -1);
+}
 
-  // The pods enter the world the workers run (status.replicas), not spec.replicas.
-  std::optional<JobRef> running = job;
-  if (running) running->spec.replicas = plan.replicas;
-  if (running && plan.ensureChildren) {
-    ensureToken(*running, true, *jobObj);
-    ensureChildren(*running, *jobObj);
+void Reconciler::applyDeletes(const Observed& o, const Plan& plan) {
+  for (const auto& pod : plan.podsToDelete)
+    client_.remove(res::Pods, o.in.meta.ns, pod, "Background", plan.deleteImmediately ? 0 : -1);
+}
+
+// Children, the missing pods of the gang, a scale-up's new pods. The pods enter the world
+// the workers run (status.replicas), not spec.replicas.
+void Reconciler::applyCreates(const Observed& o, const Plan& plan) {
+  if (!o.job) return;
+  const int restartGen = plan.status.restartGeneration.value_or(0);
+  JobRef running = *o.job;
+  running.spec.replicas = plan.replicas;
+  if (plan.ensureChildren) {
+    ensureToken(running, true, o.obj);
+    ensureChildren(running, o.obj);
   }
-  if (running && !plan.ranksToCreate.empty()) {
-    createPods(*running, plan.ranksToCreate, restartGen, plan.joiningRanks, st, *jobObj);
+  if (!plan.ranksToCreate.empty()) {
+    createPods(running, plan.ranksToCreate, restartGen, plan.joiningRanks, plan.status, o.obj);
     if (plan.gangCreated) metrics_.jobCreated();
   }
-  if (job && !plan.scaleJoinRanks.empty()) {
-    JobRef larger = *job;
+  if (!plan.scaleJoinRanks.empty()) {
+    JobRef larger = *o.job;
     larger.spec.replicas = plan.scaleTo;
-    const json& scaling = st.value("scaling", json::object());
+    const std::string start = plan.status.scaling ? plan.status.scaling->startTime : "";
     const PodGroupRef group = scalePodGroup(larger, restartGen, plan.replicas, plan.scaleTo,
-                                            static_cast<long>(log::parseRfc3339(scaling.value("startTime", ""))));
-    createPods(larger, plan.scaleJoinRanks, restartGen, {}, st, *jobObj, true, group);
+                                            static_cast<long>(log::parseRfc3339(start)));
+    createPods(larger, plan.scaleJoinRanks, restartGen, {}, plan.status, o.obj, true, group);
   }
-  if (job && exportAttempt && createChild(res::Pods, desiredExportPod(*job, *exportAttempt), *jobObj))
-    log::info("created export pod", {{"namespace", ns}, {"job", name}, {"pod", exportPodName(name, *exportAttempt)}});
+}
+
+void Reconciler::applyExport(const Observed& o, std::optional<int> attempt) {
+  if (!o.job || !attempt) return;
+  const std::string &ns = o.in.meta.ns, &name = o.in.meta.name;
+  if (createChild(res::Pods, desiredExportPod(*o.job, *attempt), o.obj))
+    log::info("created export pod", {{"namespace", ns}, {"job", name}, {"pod", exportPodName(name, *attempt)}});
+}
+
+std::optional<std::chrono::milliseconds> Reconciler::requeueAfter(const Observed& o, const Plan& plan) {
+  std::optional<std::chrono::milliseconds> requeue;
+  if (plan.requeueAfterSeconds) requeue = std::chrono::milliseconds(*plan.requeueAfterSeconds * 1000);
+  if (o.job && plan.status.phase == api::Phase::Running && o.job->spec.hangTimeoutSeconds > 0) {
+    // Hang detection needs a look even when nothing changes.
+    auto check = std::chrono::milliseconds(std::min<long>(o.job->spec.hangTimeoutSeconds, 15) * 1000);
+    if (!requeue || check < *requeue) requeue = check;
+  }
+  return requeue;
+}
+
+// observe -> plan (pure) -> persist the status once -> apply: telemetry, deletes,
+// creates, the export pod, the TTL delete.
+std::optional<std::chrono::milliseconds> Reconciler::reconcile(const std::string& ns, const std::string& name) {
+  auto jobObj = client_.tryGet(res::EDiTJobs, ns, name);
+  if (!jobObj) {
+    forget(ns, name);
+    return std::nullopt;
+  }
+  if (api::parseMeta(*jobObj).deleting) return std::nullopt;  // garbage collection removes the children
+  const Observed o = observe(*jobObj);
+
+  Plan plan = planReconcile(o.in);
+  std::optional<int> exportAttempt;
+  if (o.job && o.job->spec.exportModel)
+    exportAttempt = mergeExportPlan(plan, {o.job->spec.exportModel, exportOutDir(*o.job), o.job->spec.runPolicy.cleanPodPolicy,
+                                           plan.status, o.in.meta.generation, o.exportPods, o.in.now});
+
+  persistStatus(o, plan);
+  applyTelemetry(o, plan);
+  applyDeletes(o, plan);
+  applyCreates(o, plan);
+  applyExport(o, exportAttempt);
   if (plan.deleteJob) {
     log::info("deleting finished job (ttlSecondsAfterFinished)", {{"namespace", ns}, {"job", name}});
     client_.remove(res::EDiTJobs, ns, name, "Background");
     forget(ns, name);
     return std::nullopt;
   }
-
-  std::optional<std::chrono::milliseconds> requeue;
-  if (plan.requeueAfterSeconds) requeue = std::chrono::milliseconds(*plan.requeueAfterSeconds * 1000);
-  if (job && newPhase == "Running" && job->spec.hangTimeoutSeconds > 0) {
-    // Hang detection needs a look even when nothing changes.
-    auto check = std::chrono::milliseconds(std::min<long>(job->spec.hangTimeoutSeconds, 15) * 1000);
-    if (!requeue || check < *requeue) requeue = check;
-  }
-  return requeue;
+  return requeueAfter(o, plan);
 }
 
 Controller::Controller(Reconciler& reconciler, kube::Informer& jobs, kube::Informer& pods, metrics::Metrics& metrics,
@@ -309,8 +342,8 @@ Controller::Controller(Reconciler& reconciler, kube::Informer& jobs, kube::Infor
   jobs_.addHandler([this](const std::string&, const json& obj) { queue_.add(kube::objectKey(obj)); });
   pods_.addHandler([this](const std::string&, const json& obj) {
     const json labels = obj["metadata"].value("labels", json::object());
-    if (labels.contains(kLabelJob))
-      queue_.add(obj["metadata"].value("namespace", "") + "/" + labels[kLabelJob].get<std::string>());
+    if (labels.contains(api::kLabelJob))
+      queue_.add(obj["metadata"].value("namespace", "") + "/" + labels[api::kLabelJob].get<std::string>());
   });
 }
 

@@ -1,5 +1,7 @@
-// The EDiTJob reconciler (reads the world, plans with planReconcile, acts) and the
-// controller around it: informer handlers -> work queue -> worker threads.
+// The EDiTJob reconciler, in JobSet's shape: observe the job, plan with the pure
+// planReconcile (and planExport), store the status once, then apply the rest of the plan
+// in small steps; and the controller around it: informer handlers -> work queue -> worker
+// threads.
 #pragma once
 
 #include <atomic>
@@ -12,7 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "controller/desired.h"
+#include "controller/pod_spec.h"
+#include "controller/export_policy.h"
 #include "controller/plan.h"
 #include "kube/client.h"
 #include "kube/events.h"
@@ -34,6 +37,22 @@ class Reconciler {
   std::optional<std::chrono::milliseconds> reconcile(const std::string& ns, const std::string& name);
 
  private:
+  // What a reconcile read: the job, the planner's input, the export pods.
+  struct Observed {
+    json obj;                   // the EDiTJob object
+    PlanInput in;
+    api::Phase oldPhase = api::Phase::Unset;
+    std::optional<JobRef> job;  // set when the spec is valid
+    std::vector<ExportPod> exportPods;
+  };
+  Observed observe(const json& jobObj);
+  void persistStatus(const Observed& o, const Plan& plan);
+  void applyTelemetry(const Observed& o, const Plan& plan);
+  void applyDeletes(const Observed& o, const Plan& plan);
+  void applyCreates(const Observed& o, const Plan& plan);
+  void applyExport(const Observed& o, std::optional<int> attempt);
+  std::optional<std::chrono::milliseconds> requeueAfter(const Observed& o, const Plan& plan);
+
   std::vector<json> ownedPods(const api::JobMeta& meta);
   std::string ensureToken(const JobRef& job, bool mayCreate, const json& jobObj);
   void ensureChildren(const JobRef& job, const json& jobObj);
@@ -41,13 +60,13 @@ class Reconciler {
   // new status (status.avoidNodes).
   // scaleJoin: the ranks are a scale-up's new replicas (EDIT_JOIN=scale).
   void createPods(const JobRef& job, const std::vector<int>& ranks, int restartGeneration,
-                  const std::vector<int>& joiningRanks, const json& status, const json& jobObj, bool scaleJoin = false,
-                  const PodGroupRef& group = {});
+                  const std::vector<int>& joiningRanks, const api::EDiTJobStatus& status, const json& jobObj,
+                  bool scaleJoin = false, const PodGroupRef& group = {});
   // Creates a child; 409 (it exists) is false. Any other refusal (Pod Security, quota,
   // RBAC, a missing CRD) becomes a Warning event FailedCreate on the job with the API's
   // message, as a ReplicaSet does, and is thrown on.
   bool createChild(const kube::ResourceType& rt, const json& obj, const json& jobObj);
-  TelemetryView telemetryView(const JobRef& job, const std::string& phase, const std::vector<ObservedPod>& pods);
+  TelemetryView telemetryView(const JobRef& job, api::Phase phase, const std::vector<ObservedPod>& pods);
   void forget(const std::string& ns, const std::string& name);
 
   kube::Client& client_;

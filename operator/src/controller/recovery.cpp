@@ -4,44 +4,13 @@
 
 namespace edit::op::controller {
 
-std::optional<RecoveryRecord> RecoveryRecord::fromStatus(const json& status) {
-  if (!status.is_object() || !status.contains("recovery") || !status["recovery"].is_object()) return std::nullopt;
-  const json& r = status["recovery"];
-  RecoveryRecord rec;
-  for (const auto& v : r.value("ranks", json::array()))
-    if (v.is_number_integer()) rec.ranks.push_back(v.get<int>());
-  for (const auto& v : r.value("failedPodUIDs", json::array()))
-    if (v.is_string()) rec.failedPodUIDs.push_back(v.get<std::string>());
-  rec.startTime = r.value("startTime", "");
-  if (rec.ranks.empty()) return std::nullopt;
-  return rec;
-}
-
-json RecoveryRecord::toJson() const {
-  return {{"ranks", ranks}, {"startTime", startTime}, {"failedPodUIDs", failedPodUIDs}};
-}
-
-bool RecoveryRecord::covers(int rank) const { return std::find(ranks.begin(), ranks.end(), rank) != ranks.end(); }
-
-bool RecoveryRecord::replaces(const ObservedPod& pod) const {
-  return !pod.uid.empty() && std::find(failedPodUIDs.begin(), failedPodUIDs.end(), pod.uid) != failedPodUIDs.end();
-}
-
-void RecoveryRecord::add(const ObservedPod& pod) {
-  if (!covers(pod.rank)) {
-    ranks.push_back(pod.rank);
-    std::sort(ranks.begin(), ranks.end());
-  }
-  if (!pod.uid.empty() && !replaces(pod)) failedPodUIDs.push_back(pod.uid);
-}
+bool replaces(const api::RecoveryStatus& recovery, const ObservedPod& pod) { return recovery.hasFailedPod(pod.uid); }
 
 std::string rankList(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
   return s;
 }
-
-std::string RecoveryRecord::rankList() const { return controller::rankList(ranks); }
 
 std::optional<long> rejoinedAtStep(const ObservedPod& pod, const TelemetryView& t) {
   if (!t.present) return -1L;

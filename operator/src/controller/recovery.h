@@ -1,17 +1,17 @@
-// In-place replica recovery, the planner's part: the record of a recovery in progress
-// (status.recovery) and how the planner tells that the replacements joined or that
-// workers fell silent. Whether failed workers may be replaced without a gang restart is
+// In-place replica recovery, the planner's part: how the planner tells a failed pod from
+// its replacement, that the replacements joined, or that workers fell silent (the record
+// of a recovery in progress is status.recovery, api::RecoveryStatus). Whether failed workers may be replaced without a gang restart is
 // the failure policy's rule (controller/failure_policy.h). The runtime's side: a pod
 // started with EDIT_JOIN=1 joins the running job and takes the outer state from its
 // sync-group peers, while the survivors wait for it (runtime.recovery: inPlace). Pure
 // functions, like the rest of the planner.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "api/status.h"
 #include "controller/observed.h"
 
 namespace edit::op::controller {
@@ -19,23 +19,12 @@ namespace edit::op::controller {
 // "1, 3": ranks for messages.
 std::string rankList(const std::vector<int>& ranks);
 
-// status.recovery while failed ranks are being replaced in place.
-struct RecoveryRecord {
-  std::vector<int> ranks;                   // replaced ranks; their new pods get EDIT_JOIN=1
-  std::string startTime;                    // RFC 3339, when the first failure was seen
-  std::vector<std::string> failedPodUIDs;   // the failed incarnations (same pod names as their replacements)
-
-  static std::optional<RecoveryRecord> fromStatus(const json& status);
-  json toJson() const;
-  bool covers(int rank) const;
-  // The failed incarnation this record replaces (to be deleted, not counted again).
-  bool replaces(const ObservedPod& pod) const;
-  // A pod of a recovered rank created after the failure: the replacement.
-  bool isReplacement(const ObservedPod& pod) const { return covers(pod.rank) && !replaces(pod); }
-  // Adds failed pods to the record (a second rank failing while the first is replaced).
-  void add(const ObservedPod& pod);
-  std::string rankList() const;  // "1, 3"
-};
+// The failed incarnation a recovery replaces (to be deleted, not counted again).
+bool replaces(const api::RecoveryStatus& recovery, const ObservedPod& pod);
+// A pod of a recovered rank created after the failure: the replacement.
+inline bool isReplacement(const api::RecoveryStatus& recovery, const ObservedPod& pod) {
+  return recovery.covers(pod.rank) && !replaces(recovery, pod);
+}
 
 // The step a replacement `pod` reported training at; nullopt while it has not (its rank's
 // newest report comes from another pod, or there is none). Without telemetry, or from a

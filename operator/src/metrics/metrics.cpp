@@ -116,10 +116,10 @@ Metrics::JobSeries& Metrics::jobLocked(const std::string& ns, const std::string&
   s.restarts = &jobRestarts_.Add(labels);
   s.recoveries = &jobRecoveries_.Add(labels);
   s.replicas = &jobReplicas_.Add(labels);
-  for (const char* p : kPhases) {
+  for (api::Phase p : api::kPhases) {
     auto l = labels;
-    l["phase"] = p;
-    s.phases[p] = &jobPhase_.Add(l);
+    l["phase"] = api::phaseName(p);
+    s.phases[api::phaseName(p)] = &jobPhase_.Add(l);
   }
   return jobs_.emplace(key, std::move(s)).first->second;
 }
@@ -134,10 +134,10 @@ void Metrics::setJob(const std::string& ns, const std::string& job, const JobSam
   s.sync->Set(v.lastSyncDurationSeconds);
 }
 
-void Metrics::setJobPhase(const std::string& ns, const std::string& job, const std::string& phase) {
+void Metrics::setJobPhase(const std::string& ns, const std::string& job, api::Phase phase) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& s = jobLocked(ns, job);
-  for (auto& [name, g] : s.phases) g->Set(name == phase ? 1 : 0);
+  for (auto& [name, g] : s.phases) g->Set(name == api::phaseName(phase) ? 1 : 0);
 }
 
 void Metrics::setJobRestarts(const std::string& ns, const std::string& job, double total) {

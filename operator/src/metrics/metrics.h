@@ -18,6 +18,8 @@
 #include <string>
 #include <tuple>
 
+#include "api/status.h"
+
 namespace edit::op::metrics {
 
 struct WorkerSample {
@@ -50,7 +52,8 @@ class Metrics {
   void addCommBytes(const WorkerSample& w, const std::string& op, const std::string& group, double cumulativeBytes);
   void setStragglerScore(const std::string& ns, const std::string& job, int rank, double score);
   void setJob(const std::string& ns, const std::string& job, const JobSample& s);
-  void setJobPhase(const std::string& ns, const std::string& job, const std::string& phase);
+  // edit_job_phase{phase}: 1 for the job's phase, 0 for every other of api::kPhases.
+  void setJobPhase(const std::string& ns, const std::string& job, api::Phase phase);
   void setJobRestarts(const std::string& ns, const std::string& job, double total);
   // status.replicaRecoveries: failed ranks replaced in place, without a gang restart.
   void setJobReplicaRecoveries(const std::string& ns, const std::string& job, double total);
@@ -135,7 +138,5 @@ class Metrics {
   prometheus::Counter *jobsCreated_, *jobsSucceeded_, *jobsFailed_, *jobsRestarted_;
   prometheus::Gauge* leader_;
 };
-
-inline const char* kPhases[] = {"Pending", "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"};
 
 }  // namespace edit::op::metrics

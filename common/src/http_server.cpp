@@ -100,45 +100,92 @@ bool requestComplete(const std::string& in, bool eof) {
   return eof && in.find('\n') != std::string::npos;
 }
 
+// Turns the request read so far into the response to send.
+void respond(Conn& c, const Handler& handler, Clock::time_point now) {
+  Response r{404, "text/plain; charset=utf-8", "not found\n"};
+  const std::string& req = c.in;
+  if (req.size() > PlainServer::kMaxRequestBytes) {
+    r = {431, "text/plain; charset=utf-8", "request too large\n"};
+  } else if (req.rfind("GET ", 0) == 0) {
+    const auto end = req.find_first_of(" ?\r\n", 4);
+    try {
+      r = handler(req.substr(4, end == std::string::npos ? std::string::npos : end - 4));
+    } catch (const std::exception& e) {
+      r = {500, "text/plain; charset=utf-8", std::string("error: ") + e.what() + "\n"};
+    }
+  } else if (!req.empty()) {
+    r = {405, "text/plain; charset=utf-8", "only GET\n"};
+  }
+  c.out = "HTTP/1.0 " + std::to_string(r.status) + " " + reason(r.status) + "\r\nContent-Type: " + r.contentType +
+          "\r\nContent-Length: " + std::to_string(r.body.size()) + "\r\nConnection: close\r\n\r\n" + r.body;
+  c.in.clear();
+  c.responding = true;
+  c.deadline = now + std::chrono::milliseconds(PlainServer::kResponseTimeoutMs);
+}
+
+// Sends what the socket takes; done once all went (or the client left).
+void flush(Conn& c) {
+  while (c.sent < c.out.size()) {
+    const ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c.sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    c.done = true;  // the client left
+    return;
+  }
+  shutdown(c.fd, SHUT_WR);
+  c.done = true;
+}
+
+// One connection's turn after poll: read the request or send the response.
+void step(Conn& c, short ev, const Handler& handler, Clock::time_point now) {
+  if (c.responding) {
+    if (ev & (POLLOUT | POLLERR | POLLHUP)) flush(c);
+  } else if (ev & (POLLIN | POLLERR | POLLHUP)) {
+    char buf[4096];
+    const ssize_t n = recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) c.in.append(buf, static_cast<size_t>(n));
+    const bool eof = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (requestComplete(c.in, eof) || c.in.size() > PlainServer::kMaxRequestBytes) {
+      respond(c, handler, now);
+      flush(c);
+    } else if (eof) {
+      c.done = true;
+    }
+  }
+  if (!c.done && now >= c.deadline) c.done = true;  // too slow to ask, or to read the answer
+}
+
+// New connections; when full, the oldest connection still being read goes (a probe is a
+// new one).
+void acceptNew(int listenFd, std::vector<Conn>& conns, Clock::time_point now) {
+  for (int k = 0; k < 16; ++k) {
+    const int fd = accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) break;
+    if (conns.size() >= static_cast<size_t>(PlainServer::kMaxConnections)) {
+      auto oldest = conns.end();
+      for (auto it = conns.begin(); it != conns.end(); ++it)
+        if (!it->done && !it->responding && (oldest == conns.end() || it->accepted < oldest->accepted)) oldest = it;
+      if (oldest == conns.end()) {
+        close(fd);
+        continue;
+      }
+      oldest->done = true;
+    }
+    Conn c;
+    c.fd = fd;
+    c.accepted = now;
+    c.deadline = now + std::chrono::milliseconds(PlainServer::kRequestTimeoutMs);
+    conns.push_back(std::move(c));
+  }
+}
+
 }  // namespace
 
 void PlainServer::serve() {
   std::vector<Conn> conns;
-  auto respond = [&](Conn& c, Clock::time_point now) {
-    Response r{404, "text/plain; charset=utf-8", "not found\n"};
-    const std::string& req = c.in;
-    if (req.size() > kMaxRequestBytes) {
-      r = {431, "text/plain; charset=utf-8", "request too large\n"};
-    } else if (req.rfind("GET ", 0) == 0) {
-      const auto end = req.find_first_of(" ?\r\n", 4);
-      try {
-        r = handler_(req.substr(4, end == std::string::npos ? std::string::npos : end - 4));
-      } catch (const std::exception& e) {
-        r = {500, "text/plain; charset=utf-8", std::string("error: ") + e.what() + "\n"};
-      }
-    } else if (!req.empty()) {
-      r = {405, "text/plain; charset=utf-8", "only GET\n"};
-    }
-    c.out = "HTTP/1.0 " + std::to_string(r.status) + " " + reason(r.status) + "\r\nContent-Type: " + r.contentType +
-            "\r\nContent-Length: " + std::to_string(r.body.size()) + "\r\nConnection: close\r\n\r\n" + r.body;
-    c.in.clear();
-    c.responding = true;
-    c.deadline = now + std::chrono::milliseconds(kResponseTimeoutMs);
-  };
-  auto flush = [](Conn& c) {
-    while (c.sent < c.out.size()) {
-      const ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) {
-        c.sent += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-      c.done = true;  // the client left
-      return;
-    }
-    shutdown(c.fd, SHUT_WR);
-    c.done = true;
-  };
   std::vector<pollfd> fds;
   while (!stop_) {
     auto now = Clock::now();
@@ -151,48 +198,8 @@ void PlainServer::serve() {
     }
     if (poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) continue;
     now = Clock::now();
-    const size_t polled = conns.size();
-    for (size_t i = 0; i < polled; ++i) {
-      Conn& c = conns[i];
-      const short ev = fds[i + 1].revents;
-      if (c.responding) {
-        if (ev & (POLLOUT | POLLERR | POLLHUP)) flush(c);
-      } else if (ev & (POLLIN | POLLERR | POLLHUP)) {
-        char buf[4096];
-        const ssize_t n = recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
-        if (n > 0) c.in.append(buf, static_cast<size_t>(n));
-        const bool eof = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-        if (requestComplete(c.in, eof) || c.in.size() > kMaxRequestBytes) {
-          respond(c, now);
-          flush(c);
-        } else if (eof) {
-          c.done = true;
-        }
-      }
-      if (!c.done && now >= c.deadline) c.done = true;  // too slow to ask, or to read the answer
-    }
-    if (fds[0].revents & POLLIN) {
-      for (int k = 0; k < 16; ++k) {
-        const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;
-        if (conns.size() >= static_cast<size_t>(kMaxConnections)) {
-          // Full: the oldest connection still being read goes (a probe is a new one).
-          auto oldest = conns.end();
-          for (auto it = conns.begin(); it != conns.end(); ++it)
-            if (!it->done && !it->responding && (oldest == conns.end() || it->accepted < oldest->accepted)) oldest = it;
-          if (oldest == conns.end()) {
-            close(fd);
-            continue;
-          }
-          oldest->done = true;
-        }
-        Conn c;
-        c.fd = fd;
-        c.accepted = now;
-        c.deadline = now + std::chrono::milliseconds(kRequestTimeoutMs);
-        conns.push_back(std::move(c));
-      }
-    }
+    for (size_t i = 0; i < conns.size(); ++i) step(conns[i], fds[i + 1].revents, handler_, now);
+    if (fds[0].revents & POLLIN) acceptNew(fd_, conns, now);
     for (auto it = conns.begin(); it != conns.end();) {
       if (it->done) {
         close(it->fd);

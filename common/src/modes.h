@@ -1,6 +1,6 @@
 // The training algorithms (algorithm.mode), one row each: everything the runtime, the
 // operator and the CRD need to know about a mode is a trait here, so that adding a mode
-// is one row plus its sync function (README "Adding a mode"). Header-only: the operator
+// is one row plus its sync function (docs/architecture.md, "Adding a mode"). Header-only: the operator
 // and the runtime's config library use it without linking anything.
 #pragma once
 

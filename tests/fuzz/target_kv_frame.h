@@ -1,4 +1,4 @@
-// One fuzz input through the job store's connection protocol (runtime/src/dist/kv_store.h,
+// One fuzz input through the job store's connection protocol (runtime/src/dist/kv_session.h,
 // KvSession: framing, the handshake, the request parser, deadlines), without sockets.
 //
 // Byte 0 chooses: bit 0 a session past its handshake (the request parser) or a fresh one
@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "dist/kv_store.h"
+#include "dist/kv_session.h"
 
 namespace edit::fuzz {
 

@@ -2,7 +2,7 @@
 """The runtime's layers, as runtime/README.md draws them:
 
 - the folders that build the LibTorch-free libraries (data/, telemetry/, launch/,
-  train/recovery_plan.* and dist/kv_store.*) never include LibTorch, directly or through a project header;
+  train/recovery_plan.* and the job store's dist/kv_*) never include LibTorch, directly or through a project header;
 - every source file under runtime/src is named in runtime/README.md's map (its folder
   row), so the map cannot drift from the tree.
 """
@@ -50,7 +50,8 @@ def main():
         d = os.path.join(SRC, folder)
         torch_free += [os.path.join(d, f) for f in sorted(os.listdir(d))]
     torch_free += [os.path.join(SRC, "train", f) for f in ("recovery_plan.h", "recovery_plan.cpp")]
-    torch_free += [os.path.join(SRC, "dist", f) for f in ("kv_store.h", "kv_store.cpp")]
+    dist = os.path.join(SRC, "dist")
+    torch_free += [os.path.join(dist, f) for f in sorted(os.listdir(dist)) if f.startswith("kv_")]
     for f in torch_free:
         chain = torch_chain(f)
         if chain:

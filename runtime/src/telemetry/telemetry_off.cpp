@@ -1,5 +1,5 @@
 // telemetry.h for builds with -DEDIT_MINIMAL=ON (LibTorch, yaml-cpp and nlohmann-json
-// only, e.g. a GPU machine with nothing but PyTorch; README "GPU"): there is no
+// only, e.g. a GPU machine with nothing but PyTorch; docs/gpu.md): there is no
 // prometheus-cpp and no gRPC, so asking for /metrics or for the operator's report stream
 // is a startup error that says why, instead of a worker that silently reports nothing.
 #include "telemetry/telemetry.h"

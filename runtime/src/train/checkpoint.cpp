@@ -43,7 +43,24 @@ static void fsyncDir(const std::string& dir) {
   }
 }
 
+bool CheckpointWriteError::noSpace() const { return error == ENOSPC || error == EDQUOT; }
+
+std::string describeErrno(int err) {
+  const char* name = err == ENOSPC   ? "ENOSPC"
+                     : err == EDQUOT ? "EDQUOT"
+                     : err == EIO    ? "EIO"
+                     : err == EROFS  ? "EROFS"
+                     : err == EACCES ? "EACCES"
+                     : err == ENOTDIR ? "ENOTDIR"
+                                      : nullptr;
+  return name ? std::string(name) + " (" + std::strerror(err) + ")" : std::string(std::strerror(err));
+}
+
 namespace {
+[[noreturn]] void writeFailed(const std::string& what, const std::string& path, int err) {
+  throw CheckpointWriteError("cannot " + what + " " + path + ": " + describeErrno(err), err);
+}
+
 // A file written under a temporary name in its directory and renamed into place on
 // commit (after fsync of the file, then of the directory); removed if never committed.
 // The CRC-32 of everything written is kept as it goes, so no copy of the content is needed.
@@ -52,10 +69,12 @@ class AtomicFile {
   explicit AtomicFile(const std::string& path) : path_(path) {
     const fs::path target(path);
     dir_ = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-    fs::create_directories(dir_);
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) writeFailed("create the directory", dir_.string(), ec.value());
     tmp_ = (dir_ / ("." + target.filename().string() + ".tmp-" + std::to_string(::getpid()))).string();
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd_ < 0) throw CheckpointError("cannot create " + tmp_ + ": " + std::strerror(errno));
+    if (fd_ < 0) writeFailed("create", tmp_, errno);
   }
   ~AtomicFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -71,7 +90,7 @@ class AtomicFile {
       const ssize_t w = ::write(fd_, p, n);
       if (w < 0) {
         if (errno == EINTR) continue;
-        throw CheckpointError("cannot write " + tmp_ + ": " + std::strerror(errno));
+        writeFailed("write", tmp_, errno);
       }
       p += w;
       n -= static_cast<size_t>(w);
@@ -84,10 +103,14 @@ class AtomicFile {
   void commit() {
     const int fd = fd_;
     fd_ = -1;
-    if (::fsync(fd) != 0 || ::close(fd) != 0)
-      throw CheckpointError("cannot sync " + tmp_ + ": " + std::strerror(errno));
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-      throw CheckpointError("cannot rename " + tmp_ + " to " + path_ + ": " + std::strerror(errno));
+    // NFS reports a full disk at fsync or close, not at write.
+    if (::fsync(fd) != 0) {
+      const int err = errno;
+      ::close(fd);
+      writeFailed("sync", tmp_, err);
+    }
+    if (::close(fd) != 0) writeFailed("close", tmp_, errno);
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) writeFailed("rename " + tmp_ + " to", path_, errno);
     committed_ = true;
     fsyncDir(dir_.string());
   }

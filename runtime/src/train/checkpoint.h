@@ -24,11 +24,33 @@ struct CheckpointError : std::runtime_error {
 };
 
 // A complete checkpoint this run cannot continue from at all: written for another model or
-// another number of shards per replica (a corrupt one is skipped for an older one
-// instead). Permanent: edit-train exits kExitInvalidInput.
+// another number of shards per replica, or a checkpoint.dir some rank cannot read any of
+// the world's checkpoints from (a corrupt one is skipped for an older one instead).
+// Permanent: edit-train exits kExitInvalidInput.
 struct CheckpointLayoutError : CheckpointError {
   using CheckpointError::CheckpointError;
 };
+
+// Writing a file of a checkpoint failed; the message names the file and the error, and
+// `error` is its errno (ENOSPC: the disk is full). Nothing of the file is left behind.
+struct CheckpointWriteError : CheckpointError {
+  CheckpointWriteError(const std::string& what, int err) : CheckpointError(what), error(err) {}
+  int error;
+  // The disk is full or the quota spent: a restart would fail the same way.
+  bool noSpace() const;
+};
+
+// A checkpoint the world did not save because a rank could not write its part (or rank 0
+// the manifest): every rank throws it at the same point, with the ranks and the error
+// named, once the partial checkpoint is removed. The previous checkpoint is untouched.
+// noSpace: ENOSPC or EDQUOT on some rank (edit-train exits kExitNoSpace).
+struct CheckpointNotSaved : CheckpointError {
+  CheckpointNotSaved(const std::string& what, bool full) : CheckpointError(what), noSpace(full) {}
+  bool noSpace;
+};
+
+// "ENOSPC (No space left on device)" for the errors a checkpoint write meets, else strerror.
+std::string describeErrno(int err);
 
 using NamedTensors = std::map<std::string, torch::Tensor>;
 

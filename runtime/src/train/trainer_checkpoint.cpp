@@ -1,5 +1,12 @@
-// Saving and resuming the full training state of one rank (see checkpoint.h).
+// Saving and resuming the full training state of one rank (see checkpoint.h): a save that
+// fails on any rank fails on all of them together and leaves nothing behind; every rank
+// resumes from the same step, agreed over the world.
+#include <algorithm>
+#include <cerrno>
 #include <filesystem>
+#include <functional>
+#include <limits>
+#include <set>
 
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -8,6 +15,62 @@ namespace edit {
 
 static torch::Tensor scalar(double v) { return torch::full({1}, v, torch::kFloat64); }
 
+namespace {
+
+// Every rank's value of x, in rank order.
+std::vector<double> gatherWorld(Comm& comm, double x) {
+  const int W = comm.world();
+  auto mine = scalar(x);
+  auto all = torch::empty({W, 1}, torch::kFloat64);
+  std::vector<torch::Tensor> outs;
+  for (int r = 0; r < W; ++r) outs.push_back(all[r]);
+  comm.allgather(Group::World, mine, outs);
+  std::vector<double> v;
+  for (int r = 0; r < W; ++r) v.push_back(all[r][0].item<double>());
+  return v;
+}
+
+// "ranks 1, 3" (or "rank 1") for the ranks where `pick` holds.
+template <typename Pick>
+std::string ranksWhere(size_t n, Pick pick) {
+  std::string s;
+  int count = 0;
+  for (size_t r = 0; r < n; ++r)
+    if (pick(r)) s += (count++ ? ", " : "") + std::to_string(r);
+  return (count > 1 ? "ranks " : "rank ") + s;
+}
+
+// A checkpoint some rank could not write: each rank removes what it wrote, rank 0 the
+// step's directory, and all throw the same error naming the ranks and their errors.
+// errors[r]: rank r's errno, 0 where it wrote its part.
+[[noreturn]] void abandonCheckpoint(const std::string& root, const std::string& dir, const std::string& file,
+                                    const std::vector<int>& errors, int rank, const std::string& mine,
+                                    int64_t previous) {
+  std::error_code ec;
+  std::filesystem::remove(file, ec);
+  if (rank == 0) std::filesystem::remove_all(dir, ec);
+  std::filesystem::remove(dir, ec);  // empty where every rank has its own checkpoint.dir
+  bool noSpace = false;
+  std::string what;
+  for (int err : std::set<int>(errors.begin(), errors.end())) {
+    if (err == 0) continue;
+    noSpace = noSpace || err == ENOSPC || err == EDQUOT;
+    what += (what.empty() ? "" : "; ") + describeErrno(err) + " on " +
+            ranksWhere(errors.size(), [&](size_t r) { return errors[r] == err; });
+  }
+  throw CheckpointNotSaved(
+      "checkpoint " + dir + " was not saved: " + what + (mine.empty() ? "" : " (here: " + mine + ")") +
+          "; its files are removed and " +
+          (previous >= 0 ? "the previous checkpoint, " + stepDirName(root, previous) + ", is intact"
+                         : "there is no earlier checkpoint of this run") +
+          (noSpace ? ". Free space in " + root + " (or lower checkpoint.keep), then run the job again: it resumes "
+                     "from the newest complete checkpoint"
+                   : ""),
+      noSpace);
+}
+
+}  // namespace
+
 void Trainer::saveCheckpoint(int64_t id) {
   // A checkpoint holds no round in flight: applying it first keeps the format and resume
   // as they are (the outer weights are then the start point of the current round).
@@ -15,7 +78,7 @@ void Trainer::saveCheckpoint(int64_t id) {
   torch::NoGradGuard ng;
   const double t0 = nowSeconds();
   const std::string dir = stepDirName(cfg_.checkpoint.dir, id);
-  std::filesystem::create_directories(dir);
+  const std::string file = rankFileName(dir, mesh_.rank);
   auto& units = engine_->units();
   auto& adam = engine_->adam();
   NamedTensors t;
@@ -34,26 +97,44 @@ void Trainer::saveCheckpoint(int64_t id) {
     t[k + "adam_v"] = adam.v()[u];
   }
   schedule_->save(t);  // the rounds' state: outer weights, momentum, detectors, counters
-  const uint32_t crc = writeCheckpointFile(rankFileName(dir, mesh_.rank), t);
-
-  // Gather every rank's CRC; only then is the checkpoint complete (the manifest).
+  // A rank that cannot write (a full disk) says so in the exchange of CRCs, as -errno:
+  // its peers must not wait for it until their collective timeout, nor take a lost
+  // peer's path (an in-place recovery that would fail the same way at the next checkpoint).
+  double written = 0;
+  std::string why;
+  try {
+    written = writeCheckpointFile(file, t);
+  } catch (const CheckpointWriteError& e) {
+    written = -std::max(1, e.error);
+    why = e.what();
+  }
   Comm& comm = *groups_.comm;
-  const int W = comm.world();
-  auto mine = scalar(static_cast<double>(crc));
-  auto all = torch::empty({W, 1}, torch::kFloat64);
-  std::vector<torch::Tensor> outs;
-  for (int r = 0; r < W; ++r) outs.push_back(all[r]);
-  comm.allgather(Group::World, mine, outs);
-  if (mesh_.rank == 0) {
+  const auto all = gatherWorld(comm, written);
+  std::vector<int> errors;
+  for (double w : all) errors.push_back(w < 0 ? static_cast<int>(-w) : 0);
+  const bool allWritten = std::all_of(errors.begin(), errors.end(), [](int e) { return e == 0; });
+  // Only with every rank's file is the checkpoint complete: then rank 0 writes the manifest.
+  int manifestError = 0;
+  if (mesh_.rank == 0 && allWritten) {
     Manifest m;
     m.step = id;
-    m.world = W;
-    for (int r = 0; r < W; ++r) m.crcs.push_back(static_cast<uint32_t>(all[r][0].item<double>()));
+    m.world = comm.world();
+    for (double c : all) m.crcs.push_back(static_cast<uint32_t>(c));
     m.configYaml = toYaml(cfg_);
-    writeManifest(dir, m);
-    pruneCheckpoints(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
+    try {
+      writeManifest(dir, m);
+      pruneCheckpoints(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
+    } catch (const CheckpointWriteError& e) {
+      manifestError = std::max(1, e.error);
+      why = e.what();
+    }
   }
-  comm.barrier(Group::World);
+  // Where a barrier would do: every rank also learns whether the manifest was written.
+  auto manifest = scalar(manifestError);
+  comm.allreduce(Group::World, manifest, c10d::ReduceOp::MAX);
+  if (allWritten && manifest.item<double>() > 0) errors[0] = static_cast<int>(manifest.item<double>());
+  if (!allWritten || manifest.item<double>() > 0)
+    abandonCheckpoint(cfg_.checkpoint.dir, dir, file, errors, mesh_.rank, why, progress_.lastCheckpointId);
   progress_.lastCheckpointId = id;
   log("checkpoint " + dir + " saved in " + std::to_string(nowSeconds() - t0) + " s");
 }
@@ -113,38 +194,63 @@ ResumeCandidate readCandidate(const std::string& dir, const MeshSpec& mesh, int6
   return c;
 }
 
+// The step every rank resumes from. Each rank's listing of checkpoint.dir may differ (an
+// NFS client's cached listing can lack the newest step for a while), so the world agrees
+// on each candidate, newest first: the newest step any rank lists below the last one
+// tried. Every rank reads that step's directory by name; all load it only if all can,
+// else the next one. A step no rank lists is never tried.
+struct ResumeChoice {
+  int64_t step = -1;  // -1: none
+  ResumeCandidate candidate;
+};
+
+ResumeChoice agreeOnResumeStep(Comm& comm, const std::string& root, const MeshSpec& mesh, int64_t params,
+                               const std::function<void(const std::string&)>& log) {
+  const auto steps = completeCheckpointSteps(root);  // newest first
+  int64_t below = std::numeric_limits<int64_t>::max();
+  int64_t newest = -1;
+  std::string newestUnreadable;  // who could not read the newest, and why here
+  for (;;) {
+    const auto next = std::find_if(steps.begin(), steps.end(), [&](int64_t s) { return s < below; });
+    auto step = scalar(next == steps.end() ? -1.0 : static_cast<double>(*next));
+    comm.allreduce(Group::World, step, c10d::ReduceOp::MAX);
+    below = static_cast<int64_t>(step.item<double>());
+    if (below < 0) break;
+    if (newest < 0) newest = below;
+    const std::string dir = stepDirName(root, below);
+    ResumeCandidate c = readCandidate(dir, mesh, params);
+    // 1: loadable here; 0: missing, incomplete or corrupt here (try an older one); -1: of
+    // another layout here (refuse the run).
+    const auto ok = gatherWorld(comm, c.why.empty() ? 1.0 : c.layout ? -1.0 : 0.0);
+    if (std::any_of(ok.begin(), ok.end(), [](double o) { return o < 0; }))
+      throw CheckpointLayoutError(c.layout ? c.why : dir + ": of another layout or model (on another rank)");
+    if (std::all_of(ok.begin(), ok.end(), [](double o) { return o > 0; })) return {below, std::move(c)};
+    const std::string who = ranksWhere(ok.size(), [&](size_t r) { return ok[r] == 0; });
+    if (below == newest) newestUnreadable = who + (c.why.empty() ? "" : " (here: " + c.why + ")");
+    log("checkpoint " + dir + " is not readable on " + who + (c.why.empty() ? "" : " (here: " + c.why + ")") +
+        "; trying an older one");
+  }
+  if (newest >= 0)
+    throw CheckpointLayoutError(
+        "no checkpoint in " + root + " is readable on every rank: the newest, step " + std::to_string(newest) +
+        ", is not readable on " + newestUnreadable +
+        ". Every worker must see the same checkpoint.dir (one shared volume); a listing that lags on one "
+        "node clears within its NFS attribute cache time. checkpoint.resume=false starts over instead");
+  return {};
+}
+
 }  // namespace
 
 bool Trainer::tryResume() {
-  // Candidates newest first; all ranks must load the same one, so each verifies its own
-  // file and the world agrees (MIN) before anyone loads.
-  Comm& comm = *groups_.comm;
-  const int64_t params = parameterCount(engine_->shape());
-  const auto steps = completeCheckpointSteps(cfg_.checkpoint.dir);
-  auto agreedCount = torch::full({1}, static_cast<double>(steps.size()), torch::kFloat64);
-  comm.allreduce(Group::World, agreedCount, c10d::ReduceOp::MIN);
-  const auto n = static_cast<size_t>(agreedCount.item<double>());
-  for (size_t i = 0; i < n; ++i) {
-    const std::string dir = stepDirName(cfg_.checkpoint.dir, steps[i]);
-    const ResumeCandidate c = readCandidate(dir, mesh_, params);
-    // 1: loadable here; 0: corrupt or incomplete here (try an older one); -1: of another
-    // layout here (refuse the run). The world takes the worst.
-    auto ok = torch::full({1}, c.why.empty() ? 1.0 : c.layout ? -1.0 : 0.0, torch::kFloat64);
-    comm.allreduce(Group::World, ok, c10d::ReduceOp::MIN);
-    if (ok.item<double>() < 0)
-      throw CheckpointLayoutError(c.why.empty() || !c.layout ? dir + ": of another layout or model (on another rank)"
-                                                             : c.why);
-    if (ok.item<double>() == 0) {
-      log("skipping checkpoint " + dir + (c.why.empty() ? " (bad on another rank)" : ": " + c.why));
-      continue;
-    }
-    resumeFrom(c.tensors, dir, c.oldReplicas, c.source);
-    progress_.lastCheckpointId = steps[i];
-    progress_.controlId = steps[i];
-    log("resumed from " + dir + " at step " + std::to_string(progress_.step));
-    return true;
-  }
-  return false;
+  const ResumeChoice c = agreeOnResumeStep(*groups_.comm, cfg_.checkpoint.dir, mesh_,
+                                           parameterCount(engine_->shape()), logger());
+  if (c.step < 0) return false;
+  const std::string dir = stepDirName(cfg_.checkpoint.dir, c.step);
+  resumeFrom(c.candidate.tensors, dir, c.candidate.oldReplicas, c.candidate.source);
+  progress_.lastCheckpointId = c.step;
+  progress_.controlId = c.step;
+  log("resumed from " + dir + " at step " + std::to_string(progress_.step));
+  return true;
 }
 
 void Trainer::resumeFrom(const NamedTensors& t, const std::string& dir, int oldReplicas, int source) {

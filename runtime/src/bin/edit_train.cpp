@@ -1,6 +1,6 @@
 // edit-train: one EDiT worker. Reads its rank and the rendezvous from the environment
 // (set by edit-run locally, by the operator in a pod), trains, and exits with a code the
-// launcher and the operator understand (see ExitCode in trainer.h).
+// launcher and the operator understand (common/src/exit_codes.h, bin/exit_reason.h).
 //
 // stdout carries machine-readable lines for edit-run:  "@edit {json}" every logEvery
 // steps and "@edit-summary {json}" at the end. Human-readable logs go to stderr.
@@ -15,6 +15,7 @@
 #include <iostream>
 #include <thread>
 
+#include "bin/exit_reason.h"
 #include "launch/blas_env.h"
 #include "train/checkpoint.h"
 #include "link_advice_json.h"
@@ -238,37 +239,13 @@ json summaryJson(const Config& cfg, const MeshSpec& mesh, const TrainResult& res
   return s;
 }
 
-// The exit code of a run that threw (common/src/exit_codes.h), with the reason written
-// where the operator reads it.
+// The exit code of a run that threw (bin/exit_reason.h), with the reason written where
+// the operator reads it.
 int exitCodeOf(std::exception_ptr failure, const std::string& tag) {
-  auto fail = [&](int code, const std::string& what, const std::string& reason) {
-    std::cerr << tag << what << reason << "\n";
-    terminationMessage(what + reason);
-    return code;
-  };
-  try {
-    std::rethrow_exception(failure);
-  } catch (const TrainingStalled& e) {
-    return fail(kExitStalled, "", e.what());
-  } catch (const ConfigError& e) {
-    return fail(kExitInvalidInput, "invalid configuration: ", e.what());
-  } catch (const CheckpointLayoutError& e) {
-    return fail(kExitInvalidInput, "invalid checkpoint: ", e.what());
-  } catch (const data::DataError& e) {
-    return fail(kExitInvalidInput, "invalid data: ", e.what());
-  } catch (const LeftAlone& e) {
-    std::cerr << tag << "left the job: " << e.what() << "\n";
-    return kExitLeft;
-  } catch (const PeerLost& e) {
-    // Retryable, but the operator's Recovering condition should say what went wrong (the
-    // log's tail before it is step reports).
-    return fail(kExitPeerLost, "peer lost: ", e.what());
-  } catch (const c10::Error& e) {
-    // Collectives fail this way when a peer dies or times out: retryable.
-    return fail(kExitPeerLost, "collective failed (peer lost?): ", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return fail(kExitFailure, "error: ", e.what());
-  }
+  const ExitReason r = exitReasonOf(failure);
+  std::cerr << tag << r.text << "\n";
+  if (r.terminationLog) terminationMessage(r.text);
+  return r.code;
 }
 
 }  // namespace

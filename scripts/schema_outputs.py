@@ -173,9 +173,9 @@ def emit(node, indent):
                 for rk, rv in r.items():
                     if rk != "rule":
                         out.append(f"{pad}    {rk}: {scalar(rv)}")
-        elif k == "enum":
+        elif k in ("enum", "required"):
             items = [scalar(x) for x in v]
-            out.append(f"{pad}enum: [{', '.join(items)}]")
+            out.append(f"{pad}{k}: [{', '.join(items)}]")
         elif k == "default" and v == {}:
             out.append(f"{pad}default: {{}}")
         elif k == "description" and len(pad) + len("description: ") + len(v) > 100 and "\n" not in v:

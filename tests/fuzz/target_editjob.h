@@ -63,7 +63,7 @@ inline void fuzzEditJobJson(const nlohmann::json& obj) {
       throw std::logic_error("spec." + f.path + " was written as " + w->dump() + " but parsed as " + f.value().dump());
   }
   for (const auto& r : api::specRules())
-    if (r.holds) check(r.holds(s), r.crdMessage());
+    if (r.holds) check(r.holds(s), r.message);
   // The name check the reconciler runs next to parseSpec.
   std::string name = "fuzz";
   if (obj.contains("metadata") && obj["metadata"].is_object() && obj["metadata"].contains("name") &&

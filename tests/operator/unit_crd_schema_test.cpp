@@ -13,9 +13,10 @@
 #include <sstream>
 
 #include "api/crd_schema.h"
-#include "api/status.h"
 #include "api/editjob.h"
 #include "api/spec_table.h"
+#include "api/status.h"
+#include "status_fixture.h"
 
 using nlohmann::json;
 namespace api = edit::op::api;
@@ -185,4 +186,48 @@ TEST(CrdSchema, PhasesAreTheOperators) {
   for (api::Phase p : api::kPhases) names.push_back(api::phaseName(p));
   EXPECT_EQ(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["phase"]["enum"],
             names);
+}
+
+namespace {
+
+// Where a status value and the CRD's status schema disagree: a field the schema lacks, or
+// a JSON type it does not allow; and (complete) a schema field the value lacks.
+void statusMismatches(const json& schema, const json& value, const std::string& path, std::vector<std::string>& out) {
+  const std::string type = schema.value("type", "");
+  const bool ok = value.is_object() ? type == "object"
+                  : value.is_array() ? type == "array"
+                  : value.is_boolean() ? type == "boolean"
+                  : value.is_string() ? type == "string"
+                  : value.is_number_integer() ? type == "integer" || type == "number"
+                  : value.is_number() ? type == "number"
+                                       : false;
+  if (!ok) out.push_back(path + ": the operator writes " + value.dump() + ", the CRD's type is '" + type + "'");
+  if (value.is_array())
+    for (const auto& v : value) statusMismatches(schema.value("items", json::object()), v, path + "[]", out);
+  if (!value.is_object()) return;
+  const json props = schema.value("properties", json::object());
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (props.contains(it.key())) statusMismatches(props[it.key()], it.value(), path + "." + it.key(), out);
+    else out.push_back(path + "." + it.key() + ": written by the operator, not in the CRD");
+  }
+  for (auto it = props.begin(); it != props.end(); ++it)
+    if (!value.contains(it.key())) out.push_back(path + "." + it.key() + ": in the CRD, never written by the operator");
+}
+
+}  // namespace
+
+// The CRD's status schema (hand-written, with its descriptions) holds exactly the fields
+// the typed status writes, with their types: a field added to api::EDiTJobStatus that the
+// CRD lacks would be pruned by the API server.
+TEST(CrdSchema, StatusSchemaIsTheTypedStatus) {
+  std::ifstream f(EDIT_SOURCE_ROOT "/crds/editjob.yaml");
+  std::stringstream text;
+  text << f.rdbuf();
+  const json crd = toJson(YAML::Load(text.str()));
+  const json schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+  const json written = api::EDiTJobStatus::fromJson(kFullStatus()).toJson();
+  ASSERT_EQ(written, kFullStatus());  // every field survives the typed status
+  std::vector<std::string> problems;
+  statusMismatches(schema, written, "status", problems);
+  EXPECT_TRUE(problems.empty()) << lines(problems);
 }

@@ -174,7 +174,7 @@ EDiTJobSpec parseSpec(const json& obj) {
           "is set by the operator from spec.runPolicy.replicaRecovery (InPlace or GangRestart): set it there");
   s.podTemplate = parsePodTemplate(spec);
   for (const auto& r : specRules())
-    if (r.holds && !r.holds(s)) throw SpecError(r.field, r.message);
+    if (r.holds && !r.holds(s)) throw SpecError(r.field, r.problem());
   return s;
 }
 

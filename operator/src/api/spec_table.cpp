@@ -191,14 +191,14 @@ const std::vector<SpecRule>& specRules() {
       {"", "spec.runtime.backend",
        "!has(self.runtime) || !has(self.runtime.backend) || self.runtime.backend != 'nccl' || "
        "(has(self.gpusPerWorker) && self.gpusPerWorker > 0)",
-       "nccl needs GPUs: set spec.gpusPerWorker above 0, or backend auto or gloo",
+       "spec.runtime.backend: nccl needs GPUs - set spec.gpusPerWorker above 0, or backend auto or gloo",
        [](S s) {
          const json* b = member(s.runtime, "backend");
          return !(b && b->is_string() && *b == "nccl") || s.gpusPerWorker > 0;
        }},
       {"", "spec.export",
        "!has(self.export) || has(self.checkpoint.pvc) || (has(self.checkpoint.dir) && self.checkpoint.dir != '')",
-       "needs a checkpoint to read: set spec.checkpoint.pvc or spec.checkpoint.dir",
+       "spec.export needs a checkpoint to read - set spec.checkpoint.pvc or spec.checkpoint.dir",
        [](S s) {
          const json* dir = member(s.checkpoint, "dir");
          return !s.exportModel || !s.checkpointPvc.empty() ||
@@ -208,38 +208,43 @@ const std::vector<SpecRule>& specRules() {
       {"", "spec.export.weights",
        "!has(self.export) || !has(self.export.weights) || self.export.weights != 'outer' || "
        "!has(self.algorithm.mode) || self.algorithm.mode != 'ddp'",
-       "outer: algorithm.mode ddp keeps no outer weights; use auto or replica (every replica holds the same model)",
+       "spec.export.weights: outer - algorithm.mode ddp keeps no outer weights; use auto or replica",
        [](S s) { return !s.exportModel || s.exportModel->weights != "outer" || s.mode() != "ddp"; }},
       {"runPolicy", "spec.runPolicy.replicaRecovery",
        "has(self.replicaRecovery) == has(oldSelf.replicaRecovery) && (!has(self.replicaRecovery) || "
        "self.replicaRecovery == oldSelf.replicaRecovery)",
-       "cannot change once the job exists (the workers' config is made from it); delete and recreate the job to "
-       "change it",
+       "spec.runPolicy.replicaRecovery cannot change once the job exists (the workers' config is made from it); "
+       "delete and recreate the job to change it",
        nullptr, ".replicaRecovery", "FieldValueForbidden"},
       {"stragglerPolicy", "spec.stragglerPolicy.minReports", "!has(self.minReports) || self.minReports <= self.windowSteps",
-       "must not exceed windowSteps",
+       "minReports must not exceed windowSteps",
        [](S s) { return s.stragglerPolicy.minReports <= s.stragglerPolicy.windowSteps; }},
       {"export", "spec.export.path", "!self.path.startsWith('/')",
-       "must be relative to the checkpoint volume (e.g. export), not absolute",
+       "spec.export.path must be relative to the checkpoint volume (e.g. export), not absolute",
        [](S s) { return !s.exportModel || s.exportModel->path.empty() || s.exportModel->path[0] != '/'; },
        ".path"},
       {"export", "spec.export.path", "!self.path.matches('(^|/)[.][.](/|$)')",
-       "must stay inside the checkpoint volume: remove '..'",
+       "spec.export.path must stay inside the checkpoint volume - remove '..'",
        [](S s) { return !s.exportModel || pathStaysInside(s.exportModel->path); }, ".path"},
       {"export", "spec.export.path", nullptr,
-       "must name a directory inside the checkpoint volume (e.g. export)",
+       "spec.export.path must name a directory inside the checkpoint volume (e.g. export)",
        [](S s) { return !s.exportModel || pathNamesADirectory(s.exportModel->path); }},
   };
   return k;
 }
 
-std::string SpecRule::crdMessage() const { return std::string(field) + ": " + message; }
+std::string SpecRule::problem() const {
+  const std::string m = message, f = field;
+  for (const std::string& prefix : {f + ": ", f + " "})
+    if (m.rfind(prefix, 0) == 0) return m.substr(prefix.size());
+  return m;
+}
 
 json SpecRule::crdRule() const {
   json r = {{"rule", cel}};
   if (fieldPath) r["fieldPath"] = fieldPath;
   if (reason) r["reason"] = reason;
-  r["message"] = crdMessage();
+  r["message"] = message;
   return r;
 }
 

@@ -87,11 +87,11 @@ struct SpecRule {
   const char* on;
   const char* field;      // what a SpecError names, e.g. "spec.runtime.backend"
   const char* cel;        // nullptr: checked by the operator only
-  const char* message;    // SpecError's problem; the CRD's message is "<field>: <message>"
+  const char* message;    // as the API server reports it (the CRD's message)
   bool (*holds)(const EDiTJobSpec&);
   const char* fieldPath = nullptr;  // CEL fieldPath (relative to `on`)
   const char* reason = nullptr;     // CEL reason (FieldValueForbidden for transition rules)
-  std::string crdMessage() const;
+  std::string problem() const;     // the message less its leading field name: SpecError's
   nlohmann::json crdRule() const;   // {"rule", "message", ...} as the CRD holds it
 };
 const std::vector<SpecRule>& specRules();

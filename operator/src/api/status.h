@@ -133,9 +133,11 @@ struct ScalingStatus {
 };
 
 // status.lastScale: how the most recent scale ended.
+inline constexpr const char* kScaleSucceeded = "Succeeded";  // the workers train at the new size
+inline constexpr const char* kScaleAbandoned = "Abandoned";  // the job stayed at, or went back to, its old size
 struct LastScale {
   int from = 0, to = 0;
-  std::string result;  // Succeeded | Abandoned
+  std::string result;  // kScaleSucceeded | kScaleAbandoned
   double seconds = 0;
   std::string message;
   long generation = 0;

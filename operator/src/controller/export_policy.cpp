@@ -24,7 +24,7 @@ json report(const ExportPod& p) {
 // Why an attempt failed, in edit-export's words where there are any.
 std::string failure(const ExportPod& p) {
   std::string s = "export pod " + p.name;
-  if (p.phase != "Failed") s += p.phase.empty() ? " is gone" : " is being deleted";
+  if (p.phase != podphase::Failed) s += p.phase.empty() ? " is gone" : " is being deleted";
   else if (p.exitCode) s += " exited with code " + std::to_string(*p.exitCode);
   else s += " failed";
   if (!p.reason.empty() && p.reason != "Error") s += " (" + p.reason + ")";
@@ -106,11 +106,11 @@ class ExportPlanner {
       out_.createAttempt = attempts;
       return out_;
     }
-    if (cur->phase == "Succeeded") {
+    if (cur->phase == podphase::Succeeded) {
       finish(CondStatus::True, reason::Exported, recordSuccess(*cur, in_.outDir, in_.spec->dtype, ex_), api::kNormal);
       return out_;
     }
-    if (cur->phase != "Failed") {
+    if (cur->phase != podphase::Failed) {
       if (cur->deleting) out_.requeueAfterSeconds = 1;  // gone soon: then it is recreated
       return out_;
     }

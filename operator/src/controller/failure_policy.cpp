@@ -85,7 +85,7 @@ bool mayReplaceStraggler(bool recoveryUnderWay, const BackoffBudget& budget) {
 }
 
 std::string describeExit(const ObservedPod& p) {
-  if (p.phase != "Failed") return "worker pod " + p.name + (p.uid.empty() ? " is gone" : " is being deleted");
+  if (p.phase != podphase::Failed) return "worker pod " + p.name + (p.uid.empty() ? " is gone" : " is being deleted");
   std::string s = "worker pod " + p.name + " failed";
   if (p.exitCode) s += " with exit code " + std::to_string(*p.exitCode);
   if (!p.reason.empty()) s += " (" + p.reason + ")";

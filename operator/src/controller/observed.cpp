@@ -26,7 +26,7 @@ ObservedPod observePod(const json& pod) {
   o.generation = labelInt(labels, api::kLabelGeneration, 0);
   o.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
   const json status = pod.value("status", json::object());
-  o.phase = status.value("phase", "Pending");
+  o.phase = status.value("phase", std::string(podphase::Pending));
   o.node = pod.value("spec", json::object()).value("nodeName", "");
   o.reason = status.value("reason", "");
   if (o.reason == "Evicted") o.disruption = "Evicted";

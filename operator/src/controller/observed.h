@@ -16,6 +16,15 @@ namespace edit::op::controller {
 
 using nlohmann::json;
 
+// Pod phases as the API server reports them (core/v1 PodPhase).
+namespace podphase {
+inline constexpr const char* Pending = "Pending";
+inline constexpr const char* Running = "Running";
+inline constexpr const char* Succeeded = "Succeeded";
+inline constexpr const char* Failed = "Failed";
+inline constexpr const char* Unknown = "Unknown";
+}  // namespace podphase
+
 // One worker pod owned by the job, any restart generation.
 struct ObservedPod {
   std::string name;

@@ -92,7 +92,7 @@ std::vector<ObservedPod> vanished(const PlanContext& c) {
   bool someStay = false;
   for (const auto* p : c.current()) {
     present.insert(p->rank);
-    someStay |= !p->deleting && p->phase == "Running";
+    someStay |= !p->deleting && p->phase == podphase::Running;
   }
   if (!someStay) return out;
   for (int r = 0; r < c.spec->worldSize(); ++r) {
@@ -198,7 +198,7 @@ void noteDisruptions(PlanContext& c) {
 bool handleFailures(PlanContext& c) {
   std::vector<const ObservedPod*> failed;  // failures not acted on yet
   for (const auto* p : c.current()) {
-    if (p->phase != "Failed") continue;
+    if (p->phase != podphase::Failed) continue;
     if (c.st.recovery && replaces(*c.st.recovery, *p)) {
       // Already being replaced: repeat the delete (idempotent) in case the last one was lost.
       if (!p->deleting) c.plan.podsToDelete.push_back(p->name);

@@ -22,7 +22,7 @@ void cleanup(PlanContext& c, bool forceRunning) {
   const std::string& policy = c.spec->runPolicy.cleanPodPolicy;
   for (const auto& p : c.in.pods) {
     if (p.deleting) continue;
-    bool active = p.phase == "Running" || p.phase == "Pending" || p.phase == "Unknown";
+    bool active = p.phase == podphase::Running || p.phase == podphase::Pending || p.phase == podphase::Unknown;
     if (policy == "All" || ((policy == "Running" || forceRunning) && active)) c.plan.podsToDelete.push_back(p.name);
   }
 }
@@ -44,9 +44,9 @@ void countWorkers(PlanContext& c) {
   api::WorkerCounts w;
   w.total = c.spec ? c.spec->worldSize() : 0;
   for (const auto* p : c.current()) {
-    if (p->phase == "Running") w.running++;
-    else if (p->phase == "Succeeded") w.succeeded++;
-    else if (p->phase == "Failed") w.failed++;
+    if (p->phase == podphase::Running) w.running++;
+    else if (p->phase == podphase::Succeeded) w.succeeded++;
+    else if (p->phase == podphase::Failed) w.failed++;
     else w.pending++;
   }
   c.st.workers = w;
@@ -148,7 +148,7 @@ namespace {
 bool allWorkersSucceeded(PlanContext& c, std::string* unneeded) {
   std::set<int> done;
   for (const auto* p : c.current())
-    if (p->phase == "Succeeded") done.insert(p->rank);
+    if (p->phase == podphase::Succeeded) done.insert(p->rank);
   const int ok = static_cast<int>(done.size());
   if (ok >= c.spec->worldSize()) return true;
   const auto& recovery = c.st.recovery;
@@ -238,8 +238,8 @@ void createMissing(PlanContext& c) {
 void updateRunning(PlanContext& c) {
   int running = 0, finishedOk = 0;
   for (const auto* p : c.current()) {
-    if (p->phase == "Running") running++;
-    if (p->phase == "Succeeded") finishedOk++;
+    if (p->phase == podphase::Running) running++;
+    if (p->phase == podphase::Succeeded) finishedOk++;
   }
   const int world = c.spec->worldSize();
   bool allUp = running > 0 && running + finishedOk == world;

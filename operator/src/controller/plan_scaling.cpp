@@ -74,11 +74,11 @@ void finishScale(PlanContext& c, int from, int to, const std::vector<int>& leftR
                           std::to_string(static_cast<long>(seconds)) + " s, no worker restarted";
   c.adoptReplicas(to);
   c.st.scaling.reset();
-  c.st.lastScale = api::LastScale{from, to, "Succeeded", seconds, msg, c.gen};
+  c.st.lastScale = api::LastScale{from, to, api::kScaleSucceeded, seconds, msg, c.gen};
   c.cond(condition::Scaling, CondStatus::False, reason::Scaled, msg);
   c.event(api::kNormal, reason::Scaled, msg);
   c.plan.leftRanks = leftRanks;
-  c.plan.scaleEnded = Plan::ScaleEnd{"Succeeded", seconds};
+  c.plan.scaleEnded = Plan::ScaleEnd{api::kScaleSucceeded, seconds};
   c.plan.ensureChildren = true;  // the PodGroup's minMember follows the new world
 }
 
@@ -91,10 +91,10 @@ void abandonScale(PlanContext& c, int from, int to, const std::string& why) {
                           "; training continues with " + replicasText(from) +
                           " (to retry, set spec.replicas to another value and back)";
   c.st.scaling.reset();
-  c.st.lastScale = api::LastScale{from, to, "Abandoned", seconds, msg, c.gen};
+  c.st.lastScale = api::LastScale{from, to, api::kScaleAbandoned, seconds, msg, c.gen};
   c.cond(condition::Scaling, CondStatus::False, reason::ScaleAbandoned, msg);
   c.event(api::kWarning, reason::ScaleAbandoned, msg);
-  c.plan.scaleEnded = Plan::ScaleEnd{"Abandoned", seconds};
+  c.plan.scaleEnded = Plan::ScaleEnd{api::kScaleAbandoned, seconds};
 }
 
 void scaleUp(PlanContext& c, int from, int to) {
@@ -111,7 +111,7 @@ void scaleUp(PlanContext& c, int from, int to) {
     if (p.generation == c.restartGeneration() && p.rank >= from * N && p.rank < to * N && !p.deleting)
       joiners[p.rank] = &p;
   for (const auto& [rank, p] : joiners)
-    if (p->phase == "Failed") {
+    if (p->phase == podphase::Failed) {
       std::string why = "pod " + p->name + " of a new replica failed";
       if (p->exitCode) why += " (exit " + std::to_string(*p->exitCode) + ")";
       if (!p->message.empty()) why += ": " + p->message;
@@ -127,10 +127,10 @@ void scaleUp(PlanContext& c, int from, int to) {
   const bool allThere = static_cast<int>(joiners.size()) == (to - from) * N;
   bool allRunning = allThere, allJoined = allThere;
   for (const auto& [rank, p] : joiners) {
-    allRunning = allRunning && (p->phase == "Running" || p->phase == "Succeeded");
+    allRunning = allRunning && (p->phase == podphase::Running || p->phase == podphase::Succeeded);
     auto rep = c.in.telemetry.ranks.find(rank);
     const bool reported = rep != c.in.telemetry.ranks.end() && rep->second.podUid == p->uid && rep->second.step > 0;
-    allJoined = allJoined && (p->phase == "Succeeded" || reported);
+    allJoined = allJoined && (p->phase == podphase::Succeeded || reported);
   }
   if (asked && (c.in.telemetry.replicas == to || allJoined)) {
     finishScale(c, from, to, {});
@@ -154,7 +154,7 @@ void scaleDown(PlanContext& c, int from, int to) {
   for (int r : leaving) {
     bool left = false;
     for (const auto* p : c.current())
-      if (p->rank == r && p->phase == "Succeeded") left = true;
+      if (p->rank == r && p->phase == podphase::Succeeded) left = true;
     allLeft = allLeft && left;
   }
   if (c.st.scaling->requestTime && (c.in.telemetry.replicas == to || allLeft)) {
@@ -207,7 +207,7 @@ void planScaling(PlanContext& c) {
     }
   } else if (want != now && c.phase() == api::Phase::Running && !c.st.recovery) {
     const auto& last = c.st.lastScale;
-    const bool abandonedHere = last && last->result == "Abandoned" && last->to == want && last->generation == c.gen;
+    const bool abandonedHere = last && last->result == api::kScaleAbandoned && last->to == want && last->generation == c.gen;
     if (abandonedHere) {
       // Not retried until spec.replicas changes again: the same pods would fail the same way.
     } else if (const char* why = whyNotInPlace(c)) {

@@ -30,7 +30,7 @@ std::vector<const ObservedPod*> silentPods(const std::vector<const ObservedPod*>
   *longest = 0;
   for (const auto* p : pods) {
     auto it = t.ranks.find(p->rank);
-    if (p->phase != "Running" || p->deleting || it == t.ranks.end()) continue;
+    if (p->phase != podphase::Running || p->deleting || it == t.ranks.end()) continue;
     const auto& r = it->second;
     if (!r.podUid.empty() && !p->uid.empty() && r.podUid != p->uid) continue;  // another incarnation's report
     if (r.silentSeconds > threshold) {

@@ -35,7 +35,7 @@ Metrics::Metrics()
       jobsRestarted_(&BuildCounter().Name("edit_operator_jobs_restarted_total").Help("Gang restarts over all jobs.").Register(*registry_).Add({})),
       leader_(&BuildGauge().Name("edit_operator_leader").Help("1 while this operator instance is the leader.").Register(*registry_).Add({})) {
   for (const char* r : {"success", "error", "requeue"}) reconcileTotal_.Add({{"result", r}});
-  for (const char* r : {"Succeeded", "Abandoned"}) scalesTotal_.Add({{"result", r}});  // 0 before the first scale
+  for (const char* r : {api::kScaleSucceeded, api::kScaleAbandoned}) scalesTotal_.Add({{"result", r}});  // 0 before the first scale
 }
 
 void Metrics::removeWorkerLocked(WorkerSeries& s) {
@@ -176,7 +176,7 @@ void Metrics::removeWorker(const std::string& ns, const std::string& job, int ra
 
 void Metrics::jobScaled(const std::string& result, double seconds) {
   scalesTotal_.Add({{"result", result}}).Increment();
-  if (result == "Succeeded") scaleHist_->Observe(seconds);
+  if (result == api::kScaleSucceeded) scaleHist_->Observe(seconds);
 }
 
 void Metrics::removeJob(const std::string& ns, const std::string& job) {

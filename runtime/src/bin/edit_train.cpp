@@ -137,7 +137,8 @@ Reporting startReporting(const Config& cfg, const MeshSpec& mesh, const std::str
 struct StepLog {
   const Config& cfg;
   Reporting& out;
-  double lastT = nowSeconds();
+  const double startT = nowSeconds();
+  double lastT = startT;
   uint64_t lastTokens = 0;
   double stepSecondsTotal = 0, syncWorkTotal = 0;  // for the sync share in the summary
   LinkMeasurement link;  // the local phase's compute and blocked time (summary "link")
@@ -183,7 +184,8 @@ struct StepLog {
               {"sync_rounds", r.syncRounds}, {"anomalies", r.anomalies},
               {"outer_skips", r.outerSkips}, {"skip_streak", r.skipStreak},
               {"pgnorm", r.pseudoGradNorm}, {"phase", r.phase},
-              {"comm_wait", r.commWaitSeconds}, {"step_seconds", r.stepSeconds}};
+              {"comm_wait", r.commWaitSeconds}, {"step_seconds", r.stepSeconds},
+              {"elapsed", now - startT}};  // seconds since the process started training
     std::cout << "@edit " << j.dump() << std::endl;
     lastT = now;
     lastTokens = r.tokens;
@@ -225,6 +227,11 @@ json summaryJson(const Config& cfg, const MeshSpec& mesh, const TrainResult& res
             {"step_seconds_total", steps.stepSecondsTotal}, {"sync_work_seconds", steps.syncWorkTotal},
             // The local phase's time, for edit-run's advice on a slow link (common/src/link_advice.h).
             {"link", steps.link},
+            // The outer step as resolved for the mode, and what the penalty did.
+            {"outer", {{"lr", res.sync.lr}, {"momentum", res.sync.momentum}, {"nesterov", res.sync.nesterov}}},
+            {"penalty", {{"on", res.sync.penaltyOn()}, {"unit_rounds", res.penalty.unitRounds},
+                         {"units_clipped", res.penalty.unitsClipped}, {"clip_factor_min", res.penalty.clipMin},
+                         {"weight_min", res.penalty.weightMin}, {"weight_max", res.penalty.weightMax}}},
             {"device", "cpu"}};
 #ifdef EDIT_WITH_CUDA
   // The GPU this worker trained on (selectDevice, train/step_engine.h, made it current).

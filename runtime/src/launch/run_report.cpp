@@ -25,6 +25,39 @@ std::string human(double v) {
 // JSON has no NaN: a worker's non-finite loss arrives as null.
 double num(const json& v) { return v.is_number() ? v.get<double>() : std::nan(""); }
 
+// The outer step as the mode resolved it, and what the penalty did over the run (rank 0's
+// view of its replica; the weights of every replica: smallest and largest).
+void penaltyLine(const std::vector<Worker>& ws) {
+  const json* first = nullptr;
+  double wMin = 1, wMax = 0, cMin = 1;
+  uint64_t rounds = 0, clipped = 0;
+  int replicas = 0;
+  for (const auto& w : ws) {
+    if (w.summary.is_null() || !w.summary.contains("outer")) continue;
+    if (!first) first = &w.summary;
+    const json& p = w.summary["penalty"];
+    if (!p.value("on", false) || p.value("unit_rounds", 0) == 0) continue;
+    wMin = std::min(wMin, num(p["weight_min"]));
+    wMax = std::max(wMax, num(p["weight_max"]));
+    cMin = std::min(cMin, num(p["clip_factor_min"]));
+    if (w.summary.value("shard", 0) == 0) {
+      ++replicas;
+      rounds += p.value("unit_rounds", uint64_t{0});
+      clipped += p.value("units_clipped", uint64_t{0});
+    }
+  }
+  if (!first) return;
+  const json& o = (*first)["outer"];
+  std::printf("\nouter step: lr %g, momentum %g%s", num(o["lr"]), num(o["momentum"]),
+              o.value("nesterov", false) ? ", Nesterov" : "");
+  if (replicas > 0)
+    std::printf("; penalty: replica weights %.3f-%.3f (uniform %.3f), %llu of %llu unit-rounds clipped "
+                "(smallest factor %.3f)",
+                wMin, wMax, 1.0 / replicas, static_cast<unsigned long long>(clipped),
+                static_cast<unsigned long long>(rounds), cMin);
+  std::printf("\n");
+}
+
 }  // namespace
 
 void RunReport::progress(const std::vector<Worker>& ws) {
@@ -125,6 +158,7 @@ void RunReport::summary(const std::vector<Worker>& ws, double wall) {
     std::printf("\nnothing to train: resumed from the final checkpoint (step %lld); remove checkpoint.dir "
                 "or raise training.steps to train more\n",
                 static_cast<long long>(ws[0].summary.value("resumed_from", int64_t{0})));
+  penaltyLine(ws);
   std::printf("\ntotal: %s tokens in %.1f s, %s tok/s (training loop %s tok/s, start-up %.1f s)",
               human(tokens).c_str(), wall, human(tps).c_str(), human(trainTps).c_str(), startup);
   if (val >= 0) std::printf(", validation loss %.4f", val);

@@ -241,6 +241,7 @@ UnitSyncResult syncUnit(Comm& comm, FlatUnit& unit, OuterUnit& o, EwmaDetector& 
 UnitSyncResult syncPseudoGradient(Comm& comm, torch::Tensor& D, OuterUnit& o, EwmaDetector& detector,
                                   const SyncSettings& s, double stepsSinceSync) {
   UnitSyncResult r;
+  r.done = true;
   const bool offloaded = o.outer.device() != D.device();
   auto outer = offloaded ? o.outer.to(D.device(), true) : o.outer;
   auto momentum = offloaded ? o.momentum.to(D.device(), true) : o.momentum;

@@ -58,6 +58,7 @@ struct UnitSyncResult {
   double sliceSq = 0;       // this rank's part of its square (always; the trainer completes it)
   double clipFactor = 1;
   double weight = 0;        // this replica's weight
+  bool done = false;        // a round ran (an overlapped round's first call applies none)
 };
 
 // One round of a unit: its pseudo-gradient from the local slice, the outer step, and the

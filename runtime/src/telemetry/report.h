@@ -27,6 +27,11 @@ struct StepReport {
   uint64_t outerSkips = 0;     // cumulative: units whose outer step a round skipped
   int64_t skipStreak = 0;      // longest current run of rounds a unit's outer step was skipped
   double pseudoGradNorm = 0;   // of the last averaged pseudo-gradient (whole model)
+  // The penalty at the last round (penalty on): this replica's smallest and largest weight
+  // over the units (uniform: 1/M) and the smallest clip factor (1: not clipped); units
+  // clipped so far.
+  double replicaWeightMin = 0, replicaWeightMax = 0, clipFactorMin = 1;
+  uint64_t unitsClipped = 0;
   double lr = 0;
   std::string phase;           // warmup | local | sync | checkpoint | done
   CommCounts comm;

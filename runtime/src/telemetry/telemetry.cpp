@@ -61,8 +61,12 @@ struct WorkerMetrics::Impl {
   prometheus::Counter* anomalies = nullptr;
   prometheus::Counter* outerSkips = nullptr;
   prometheus::Gauge* skipStreak = nullptr;
+  prometheus::Gauge* weightMin = nullptr;
+  prometheus::Gauge* weightMax = nullptr;
+  prometheus::Gauge* clipFactorMin = nullptr;
+  prometheus::Counter* unitsClipped = nullptr;
 
-  uint64_t lastTokens = 0, lastSyncRounds = 0, lastAnomalies = 0, lastOuterSkips = 0;
+  uint64_t lastTokens = 0, lastSyncRounds = 0, lastAnomalies = 0, lastOuterSkips = 0, lastUnitsClipped = 0;
   int64_t lastStep = -1;
   std::map<std::pair<std::string, std::string>, uint64_t> lastBytes;
   std::map<std::string, double> lastWait;
@@ -138,6 +142,25 @@ WorkerMetrics::WorkerMetrics(const std::string& host, int port, const std::strin
                            .Register(r)
                            .Add({});
 
+  // The penalty at the last round: this replica's weight in the average (uniform 1/M; one
+  // replica near 1 and the others near 0 means the softmax's scale does not fit the norms)
+  // and the clip factor (1: not clipped; below 1 every round: clipNorm is too small).
+  auto gauge = [&](const char* name, const char* help) {
+    return &BuildGauge().Name(name).Help(help).Labels(constant).Register(r).Add({});
+  };
+  impl_->weightMin = gauge("edit_sync_replica_weight_min",
+                           "This replica's smallest weight over the units at the last sync round (uniform: 1/M)");
+  impl_->weightMax = gauge("edit_sync_replica_weight_max",
+                           "This replica's largest weight over the units at the last sync round (uniform: 1/M)");
+  impl_->clipFactorMin = gauge("edit_sync_clip_factor_min",
+                               "Smallest clip factor of an averaged pseudo-gradient at the last sync round (1: none clipped)");
+  impl_->unitsClipped = &BuildCounter()
+                             .Name("edit_sync_units_clipped_total")
+                             .Help("Units whose averaged pseudo-gradient a sync round clipped")
+                             .Labels(constant)
+                             .Register(r)
+                             .Add({});
+
   // Serialize under the update lock so a scrape never sees half of a step's update.
   Impl* impl = impl_.get();
   try {
@@ -173,6 +196,10 @@ void WorkerMetrics::update(const StepReport& r) {
   advance(*m.anomalies, m.lastAnomalies, r.anomalies);
   advance(*m.outerSkips, m.lastOuterSkips, r.outerSkips);
   m.skipStreak->Set(static_cast<double>(r.skipStreak));
+  m.weightMin->Set(r.replicaWeightMin);
+  m.weightMax->Set(r.replicaWeightMax);
+  m.clipFactorMin->Set(r.clipFactorMin);
+  advance(*m.unitsClipped, m.lastUnitsClipped, r.unitsClipped);
 
   std::map<std::string, double> waitByGroup;
   for (const auto& [key, c] : r.comm) {

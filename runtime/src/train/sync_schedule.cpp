@@ -46,6 +46,58 @@ int64_t SyncSchedule::finalCheckpointId(int64_t step, int64_t controlId, int64_t
   return step;
 }
 
+int64_t SyncSchedule::expectedRounds(int64_t totalSteps) const {
+  if (!hasRounds()) return 0;
+  if (!stepClocked()) return -1;
+  const auto& a = cfg_.algorithm;
+  const int64_t local = totalSteps - a.warmupSteps;
+  if (local <= 0) return 0;
+  // A round at every tau-th local step, and a final one over the steps after the last.
+  return (local - 1) / a.syncInterval + 1;
+}
+
+std::string SyncSchedule::describe(int64_t totalSteps) const {
+  const auto& a = cfg_.algorithm;
+  std::ostringstream m;
+  m << nameOf(a.mode) << ": ";
+  if (!hasRounds()) {
+    m << "gradients averaged every step";
+    return m.str();
+  }
+  if (stepClocked()) m << "a sync round every " << a.syncInterval << " local steps";
+  else m << "a sync round every " << a.syncSeconds << " s";
+  m << " after " << a.warmupSteps << " synchronous warm-up steps";
+  if (const int64_t r = expectedRounds(totalSteps); r >= 0) m << " (" << r << " rounds)";
+  m << "; outer step: ";
+  if (!mode_.outerOptimizer) {
+    m << "the replicas' average";
+  } else {
+    m << (sync_.nesterov ? "Nesterov" : "SGD") << " lr " << sync_.lr << " momentum " << sync_.momentum
+      << (a.outer.momentum < 0 ? " (the mode's default)" : "");
+  }
+  const auto& p = sync_.penalty;
+  if (!sync_.penaltyOn()) {
+    m << "; no penalty";
+    return m.str();
+  }
+  m << "; penalty:";
+  if (p.anomaly) m << " anomalies z > " << p.zThreshold << " after " << p.anomalyWarmup << " rounds,";
+  if (p.weighted) m << " softmax weights (" << nameOf(p.weighting) << ", T " << p.temperature << "),";
+  if (sync_.stepShare) m << " step share " << p.stepShare << ",";
+  if (p.clip) m << " clip at " << p.clipNorm;
+  return m.str();
+}
+
+std::string SyncSchedule::anomalyWarmupWarning(int64_t totalSteps) const {
+  const auto& p = sync_.penalty;
+  const int64_t rounds = expectedRounds(totalSteps);
+  if (!sync_.penaltyOn() || !p.anomaly || rounds < 0 || p.anomalyWarmup < rounds) return "";
+  return "the anomaly test never arms in this run: algorithm.penalty.anomalyWarmup is " +
+         std::to_string(p.anomalyWarmup) + " rounds and the run has " + std::to_string(rounds) +
+         "; a loss spike on one replica then reaches the outer weights (lower anomalyWarmup, e.g. to " +
+         std::to_string(std::max<int64_t>(1, rounds / 4)) + ")";
+}
+
 const char* SyncSchedule::phase(int64_t t, bool synced) const {
   return !hasRounds() ? "sync" : synchronousAt(t) ? "warmup" : synced ? "sync" : "local";
 }
@@ -131,6 +183,12 @@ void SyncSchedule::noteRound(const std::vector<UnitSyncResult>& res, RoundOutcom
     out.anomalies += res[u].anomaly;
     out.skipped[u] = res[u].skipped;
     out.norms[u] = res[u].norm;
+    if (!res[u].done) continue;
+    ++out.unitsDone;
+    out.unitsClipped += res[u].clipFactor < 1;
+    out.weightMin = std::min(out.weightMin, res[u].weight);
+    out.weightMax = std::max(out.weightMax, res[u].weight);
+    out.clipMin = std::min(out.clipMin, res[u].clipFactor);
   }
   if (!sync_.penaltyOn()) {
     // Without the penalty no unit norm was completed: one all-reduce per round for the
@@ -180,6 +238,15 @@ void SyncSchedule::recordRound(const RoundOutcome& out) {
 }
 
 void SyncSchedule::afterRound(const RoundOutcome& out) {
+  if (sync_.penaltyOn() && out.unitsDone > 0) {
+    auto& p = penaltyStats_;
+    p.unitRounds += static_cast<uint64_t>(out.unitsDone);
+    p.unitsClipped += static_cast<uint64_t>(out.unitsClipped);
+    p.weightMin = std::min(p.weightMin, out.weightMin);
+    p.weightMax = std::max(p.weightMax, out.weightMax);
+    p.clipMin = std::min(p.clipMin, out.clipMin);
+    p.lastWeightMin = out.weightMin, p.lastWeightMax = out.weightMax, p.lastClipMin = out.clipMin;
+  }
   skipStreak_.resize(units_.size(), 0);
   for (size_t u = 0; u < units_.size() && u < out.skipped.size(); ++u) {
     if (!out.skipped[u]) {

@@ -48,6 +48,20 @@ struct RoundOutcome {
   uint64_t anomalies = 0;
   std::vector<bool> skipped;  // per unit: every replica anomalous, outer step skipped
   std::vector<double> norms;  // per unit: this replica's pseudo-gradient norm (penalty on)
+  // The penalty over the units of the round: this replica's weight (uniform: 1/M) and the
+  // averaged pseudo-gradient's clip factor (1: not clipped).
+  int unitsDone = 0, unitsClipped = 0;
+  double weightMin = 1, weightMax = 0, clipMin = 1;
+};
+
+// What the penalty did so far (docs/algorithm.md, "The penalty at scale"). Weights near 1
+// for one replica and 0 for the others, or a clip that binds at every round, mean the
+// penalty's scale does not fit the model's norms.
+struct PenaltyStats {
+  uint64_t unitRounds = 0;    // units x rounds with the penalty on
+  uint64_t unitsClipped = 0;  // of which the averaged pseudo-gradient was clipped
+  double weightMin = 1, weightMax = 0, clipMin = 1;  // over the run
+  double lastWeightMin = 0, lastWeightMax = 0, lastClipMin = 1;  // the last round's
 };
 
 // How far the round in progress got, for an in-place recovery's offer (recovery_plan.h).
@@ -110,6 +124,13 @@ class SyncSchedule {
   // under algorithm.syncCompression.
   bool compressesWarmup() const { return hasRounds() && sync_.codec.on(); }
   const char* phase(int64_t t, bool synced) const;
+  // The resolved schedule, outer step and penalty in one line for the log, and a warning
+  // when the anomaly test can never arm in a run of `totalSteps` (empty: none).
+  std::string describe(int64_t totalSteps) const;
+  std::string anomalyWarmupWarning(int64_t totalSteps) const;
+  // Sync rounds a step-clocked run of `totalSteps` makes, its final round included (-1:
+  // not known in advance: the wall-time clock).
+  int64_t expectedRounds(int64_t totalSteps) const;
 
   // ---- rounds ----------------------------------------------------------------------
   // The outer state from the current local weights, at the first local step.
@@ -152,6 +173,7 @@ class SyncSchedule {
   uint64_t outerSkips() const { return outerSkips_; }
   int64_t maxSkipStreak() const;
   double lastPseudoGradNorm() const { return lastPseudoGradNorm_; }
+  const PenaltyStats& penaltyStats() const { return penaltyStats_; }
 
   // ---- state for checkpoints and membership -----------------------------------------
   // meta/* and unit<u>/{outer,momentum,residual,averageResidual,ewma,skipStreak}.
@@ -207,6 +229,7 @@ class SyncSchedule {
   uint64_t syncRounds_ = 0, anomalies_ = 0, outerSkips_ = 0;
   double lastPseudoGradNorm_ = 0;
   std::vector<int64_t> skipStreak_;  // per unit: rounds in a row its outer step was skipped
+  PenaltyStats penaltyStats_;
 
   int64_t stepsSinceSync_ = 0;
   // A-EDiT's window is timed from lastSyncTime_: when every rank left the last round's

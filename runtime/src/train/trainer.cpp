@@ -32,6 +32,10 @@ void Trainer::setup() {
     const int64_t perStep = static_cast<int64_t>(mesh_.world) * engine_->tokensPerStep();
     progress_.totalSteps = std::max<int64_t>(1, (cfg_.training.tokens + perStep - 1) / perStep);
   }
+  if (mesh_.rank == 0) {
+    log(schedule_->describe(progress_.totalSteps));
+    if (const std::string w = schedule_->anomalyWarmupWarning(progress_.totalSteps); !w.empty()) log("warning: " + w);
+  }
 }
 
 TrainResult Trainer::run() {
@@ -68,6 +72,8 @@ TrainResult Trainer::run() {
   result.scalesAbandoned = m.scalesAbandoned;
   result.comm = groups_.counters();
   result.memory = engine_->memoryPlan();
+  result.sync = schedule_->settings();
+  result.penalty = schedule_->penaltyStats();
   return result;
 }
 
@@ -219,6 +225,11 @@ StepReport Trainer::stepReport(int64_t t, double t0, double wait0, double loss, 
   r.outerSkips = schedule_->outerSkips();
   r.skipStreak = schedule_->maxSkipStreak();
   r.pseudoGradNorm = schedule_->lastPseudoGradNorm();
+  const PenaltyStats& p = schedule_->penaltyStats();
+  r.replicaWeightMin = p.lastWeightMin;
+  r.replicaWeightMax = p.lastWeightMax;
+  r.clipFactorMin = p.lastClipMin;
+  r.unitsClipped = p.unitsClipped;
   r.lr = schedule_->lr(t);
   r.phase = schedule_->phase(t, out.synced);
   // The link advice's R is what the rounds cost across replicas (the sync and world

@@ -58,6 +58,8 @@ struct TrainResult {
   int scalesAbandoned = 0;        // scale-ups whose new replica never arrived (the job kept M)
   CommCounts comm;
   MemoryPlan memory;         // what the state and buffers of this rank should take
+  SyncSettings sync;         // the outer step and penalty as resolved for the mode
+  PenaltyStats penalty;      // what the penalty did
 };
 
 struct TrainerHooks {

@@ -407,7 +407,7 @@ TEST(Compression, WarmupGradientMeanMatchesReferenceOnEveryRank) {
           Comm comm(test::meshFor(r, M, N, port));
           auto x = tensorOf(grad[r]);
           if (withNaN && r == N) x[nanAt] = std::numeric_limits<float>::quiet_NaN();  // replica 1
-          compressedMean(comm, x, Codec::of(codec), block);
+          compressedMean(comm, x, Codec::of(enumOf<Compression>(codec, "codec")), block);
           got[r] = vecOf(x);
           for (auto& [key, c] : comm.counters())
             if (key.second == "sync") bytes[r] += c.bytes;

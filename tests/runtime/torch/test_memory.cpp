@@ -110,7 +110,7 @@ TEST(Zero3Traffic, TheBackwardGathersOnlyTheUnitsWhoseWeightsItReads) {
   auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 7));
   c.model.layers = 3;
   c.training.steps = 5;
-  c.algorithm.mode = "ddp";  // no sync rounds: the shard group carries only the step's gathers
+  c.algorithm.mode = Mode::Ddp;  // no sync rounds: the shard group carries only the step's gathers
   const int N = 2;
   const int port = test::freePort();
   std::vector<CommCounts> counts(N);

@@ -315,7 +315,7 @@ TEST(PenaltyReference, BaselinesMatchAndRunOnlyTheAverage) {
   for (const char* mode : {"diloco", "localsgd"}) {
     auto sc = makeScenario(2, 2, 3, [](int k, int m, double g) { return k == 2 && m == 1 ? 50 * g : g; });
     AlgorithmConfig a;
-    a.mode = mode;
+    a.mode = enumOf<Mode>(mode, "mode");
     const auto s = syncSettingsFor(a);
     EXPECT_FALSE(s.penaltyOn()) << mode;
     EXPECT_DOUBLE_EQ(s.momentum, std::string(mode) == "diloco" ? 0.9 : 0.0) << mode;
@@ -335,13 +335,13 @@ TEST(PenaltyReference, BaselinesMatchAndRunOnlyTheAverage) {
   AlgorithmConfig a;
   EXPECT_DOUBLE_EQ(a.outer.momentum, -1);
   for (auto [mode, mu] : {std::pair<const char*, double>{"edit", 0.8}, {"a-edit", 0.8}, {"diloco", 0.9}}) {
-    a.mode = mode;
+    a.mode = enumOf<Mode>(mode, "mode");
     EXPECT_DOUBLE_EQ(syncSettingsFor(a).momentum, mu) << mode;
   }
   a.outer.momentum = 0.5;
   a.mode = Mode::DiLoCo;
   EXPECT_DOUBLE_EQ(syncSettingsFor(a).momentum, 0.5);
-  a.mode = "localsgd";  // plain averaging is its definition
+  a.mode = Mode::LocalSgd;  // plain averaging is its definition
   EXPECT_DOUBLE_EQ(syncSettingsFor(a).momentum, 0.0);
   }
   // EDiT with the penalty on runs them (the baseline's silence above is not vacuous).

@@ -61,9 +61,8 @@ def analyse(job, base):
                 f["next_kept_step_seconds"] = round(after[0] - lo, 1)
         # edit-train's last words when it exits 75 (the trainer's own "peer lost: ...;
         # recovering in place" / "...; exiting for a gang restart" lines come before).
-        f["exits_75"] = sum(1 for l in text if ("peer lost:" in l and "recovering in place" not in l
-                                                and "exiting for a gang restart" not in l)
-                            or "collective failed (peer lost?)" in l)
+        f["exits_75"] = sum(1 for l in text if "peer lost:" in l and "recovering in place" not in l
+                            and "exiting for a gang restart" not in l)
         f["in_warmup"] = f["step"] < job.shape.warmup
         f.pop("status_before", None)
     res = job.result()

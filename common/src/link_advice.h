@@ -41,9 +41,9 @@ struct LinkAdvice {
 // measurement.
 LinkMeasurement leastBlocked(const std::vector<LinkMeasurement>& ranks);
 
-// Advice when the blocked share of the local phase is above `target` (0.2: issue 18's
-// bound). Nothing for ddp, for runs with fewer than 3 rounds (too few to measure), or
-// when the share is under the target.
+// Advice when the blocked share of the local phase is above `target` (0.2: the rounds may
+// block at most a fifth of it). Nothing for ddp, for runs with fewer than 3 rounds (too few
+// to measure), or when the share is under the target.
 LinkAdvice adviseLink(const LinkMeasurement& m, double target = 0.2);
 
 }  // namespace edit

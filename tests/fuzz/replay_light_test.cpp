@@ -29,7 +29,7 @@ std::string errorOf(F&& f) {
 
 TEST(Config, CorpusNeverCrashes) {
   EXPECT_GE(replayAll(filesIn(corpusDir("config")), fuzzConfigOne), 10u);
-  // The bad-input corpus of issue 7 (tests/bad_input/configs), when present.
+  // The bad-input corpus (tests/bad_input/configs), when present.
   replayAll(filesIn(std::string(EDIT_SOURCE_ROOT_DIR) + "/tests/bad_input/configs"), fuzzConfigOne);
 }
 

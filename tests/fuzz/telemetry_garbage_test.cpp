@@ -1,4 +1,4 @@
-// Garbage on the operator's gRPC telemetry endpoint (issue 7, bad input + security): an
+// Garbage on the operator's gRPC telemetry endpoint (bad input and security): an
 // in-process TelemetryServer, exactly what edit-operator runs (operator/src/main.cpp),
 // fed reports that are unauthenticated, for another job, truncated, oversized or not
 // protobuf at all, and raw bytes that are not HTTP/2. Each is answered with an error

@@ -335,7 +335,7 @@ TEST(ConfigSchema, EveryKeyAndSectionHasADescription) {
 
 TEST(ConfigSchema, PrintsEveryKeyWithItsRangeEnumAndDefault) {
   const YAML::Node root = YAML::Load(edit::workerConfigSchemaJson());
-  // The rows of issue 16's table: the schema says what the parser enforces.
+  // A sample of keys of every kind: the schema says what the parser enforces.
   auto syncSeconds = schemaLeaf(root, "algorithm.syncSeconds");
   EXPECT_EQ(syncSeconds["type"].as<std::string>(), "number");
   EXPECT_EQ(syncSeconds["maximum"].as<double>(), 86400);

@@ -7,6 +7,7 @@ import threading
 
 import errors
 import podsecurity
+import quantity
 import schema
 
 # Per-request options (fieldValidation) that the store's admit hook needs.
@@ -14,13 +15,17 @@ request_ctx = threading.local()
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
 # Kinds whose names must be DNS labels rather than subdomains.
 _LABEL_NAMED = ("/namespaces", "/services")
 
 
 class Admission:
-    def __init__(self, store, registry):
+    def __init__(self, store, registry, storage_classes=("standard",), kueue_gate=False):
         self.store, self.registry = store, registry
+        self.storage_classes = list(storage_classes)  # claims of these (or none) bind at once
+        self.kueue_gate = kueue_gate
         self.auth = None          # auth.Auth: the owner-reference permission check
         self._svc_ip = 10
         store.admit = self.admit
@@ -108,6 +113,11 @@ class Admission:
             raise errors.invalid(rt, obj["metadata"].get("name", ""), causes)
         if op == "create":
             self._pod_security(obj)
+            self._quota(obj)
+            if self.kueue_gate and KUEUE_QUEUE_LABEL in (obj["metadata"].get("labels") or {}):
+                gates = spec.setdefault("schedulingGates", [])
+                if not any(g.get("name") == KUEUE_GATE for g in gates):
+                    gates.append({"name": KUEUE_GATE})
         spec.setdefault("restartPolicy", "Always")
         spec.setdefault("terminationGracePeriodSeconds", 30)
         spec.setdefault("dnsPolicy", "ClusterFirst")
@@ -129,6 +139,60 @@ class Admission:
             raise errors.ApiError(403, "Forbidden", 'pods "%s" is forbidden: violates PodSecurity "%s:latest": %s'
                                   % (pod["metadata"].get("name", ""), level, ", ".join(problems)),
                                   {"name": pod["metadata"].get("name", ""), "kind": "pods"})
+
+    def _quota(self, pod):
+        """ResourceQuota admission: a pod that would take the namespace over a quota's
+        spec.hard (pods, count/pods, cpu, memory and requests.* of them, extended
+        resources as requests.NAME) is refused with 403, worded as the real server."""
+        ns = pod["metadata"].get("namespace", "")
+        quotas = self.store.list(self.registry.lookup("", "v1", "resourcequotas"), ns)[0]
+        if not quotas:
+            return
+        want = quantity.pod_requests(pod)
+        used = {}
+        for p in self.store.list(self.registry.lookup("", "v1", "pods"), ns)[0]:
+            if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            for k, v in quantity.pod_requests(p).items():
+                used[k] = used.get(k, 0.0) + v
+        for q in quotas:
+            hard = (q.get("spec") or {}).get("hard") or {}
+            over = []
+            for key, limit in sorted(hard.items()):
+                res = {"count/pods": "pods"}.get(key, key[len("requests."):] if key.startswith("requests.") else key)
+                try:
+                    lim = quantity.parse(limit)
+                except ValueError:
+                    continue
+                if want.get(res, 0) > 0 and used.get(res, 0) + want[res] > lim:
+                    over.append((key, res, lim))
+            if over:
+                fmt = lambda vals: ",".join("%s=%s" % (k, quantity.show(r, v)) for k, r, v in vals)
+                raise errors.ApiError(403, "Forbidden", 'pods "%s" is forbidden: exceeded quota: %s, requested: %s, '
+                                      "used: %s, limited: %s" % (
+                                          pod["metadata"].get("name", ""), q["metadata"]["name"],
+                                          fmt([(k, r, want[r]) for k, r, _ in over]),
+                                          fmt([(k, r, used.get(r, 0.0)) for k, r, _ in over]),
+                                          fmt(over)),
+                                      {"name": pod["metadata"].get("name", ""), "kind": "pods"})
+
+    def _persistentvolumeclaims(self, op, rt, obj, old):
+        """A stand-in provisioner: a claim of a known storage class (--storage-class) or of
+        none (the default class) is Bound at once; any other stays Pending, as a claim of a
+        class that does not exist does."""
+        if op != "create":
+            return obj
+        spec = obj.setdefault("spec", {})
+        cls = spec.get("storageClassName")
+        if cls is None and self.storage_classes:
+            cls = spec["storageClassName"] = self.storage_classes[0]
+        if cls in self.storage_classes:
+            spec["volumeName"] = "pvc-" + obj["metadata"]["uid"]
+            obj["status"] = {"phase": "Bound", "accessModes": spec.get("accessModes") or [],
+                             "capacity": ((spec.get("resources") or {}).get("requests") or {})}
+        else:
+            obj["status"] = {"phase": "Pending"}
+        return obj
 
     def _namespaces(self, op, rt, obj, old):
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])

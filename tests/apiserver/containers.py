@@ -66,9 +66,28 @@ class Container:
         self.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(error)}}
         self.next_start = time.monotonic() + retry_s
 
+    def pull_failed(self, image):
+        """A pull that cannot succeed: ErrImagePull, then ImagePullBackOff while the
+        kubelet waits (1 s doubling to 10 s) before it tries again."""
+        host = image.split("/", 1)[0].split(":", 1)[0] if "/" in image else ""
+        self.pull_failures = getattr(self, "pull_failures", 0) + 1
+        if self.pull_failures == 1:
+            ref = image if ":" in image.rsplit("/", 1)[-1] else image + ":latest"
+            self.state = {"waiting": {"reason": "ErrImagePull", "message": (
+                'failed to pull and unpack image "%s": failed to resolve reference "%s": failed to do '
+                'request: Head "https://%s/v2/": dial tcp: lookup %s: no such host' % (ref, ref, host, host))}}
+        else:
+            self.state = {"waiting": {"reason": "ImagePullBackOff",
+                                      "message": 'Back-off pulling image "%s"' % image}}
+        self.next_start = time.monotonic() + min(BACKOFF_MAX, BACKOFF_START * 2 ** (self.pull_failures - 1))
+
     def launch_process(self, pod, base_env, pod_dir, lookup, volumes):
         """Runs the container's command/args as a local process group under the shim, with
-        volume paths translated to their host directories."""
+        volume paths translated to their host directories. An image from a registry whose
+        host is under .invalid (a name that never resolves) cannot be pulled."""
+        image = self.spec.get("image", "")
+        if "/" in image and image.split("/", 1)[0].split(":", 1)[0].endswith(".invalid"):
+            return self.pull_failed(image)
         mounts = podenv.mount_map(self.spec, volumes)
         if self.term_path:
             # The container's terminationMessagePath names this file in its arguments and

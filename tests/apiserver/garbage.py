@@ -1,13 +1,19 @@
 """Garbage collector: ownerReferences cascading, foreground deletion and
-namespace termination, done by a background sweep like the real controller."""
+namespace termination, done by a background sweep like the real controller.
+
+`delay` (--gc-delay) is how long a dependent outlives its deleted owner: the real
+collector works in the background, seconds after `kubectl delete` returned, and a
+controller must not take a leftover of the old owner for the new one's."""
 import threading
+import time
 
 import errors
 
 
 class GarbageCollector:
-    def __init__(self, store, interval=0.5):
-        self.store, self.interval = store, interval
+    def __init__(self, store, interval=0.5, delay=0.0):
+        self.store, self.interval, self.delay = store, interval, delay
+        self.orphaned_at = {}                  # uid -> when it was first seen without an owner
         self.wake = threading.Event()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="gc", daemon=True)
@@ -53,12 +59,16 @@ class GarbageCollector:
             for ref in obj["metadata"].get("ownerReferences") or []:
                 dependents.setdefault(ref.get("uid"), []).append((key, obj, ref))
 
+        now = time.monotonic()
+        orphaned = {}
         for key, obj in objs:
             md = obj["metadata"]
             refs = md.get("ownerReferences") or []
-            # Background cascade: every owner is gone.
+            # Background cascade: every owner is gone (for `delay` seconds).
             if refs and not any(r.get("uid") in live for r in refs):
-                self._delete(key, obj)
+                since = orphaned[md["uid"]] = self.orphaned_at.get(md["uid"], now)
+                if now - since >= self.delay:
+                    self._delete(key, obj)
             # Foreground: delete dependents, release the owner when the
             # blocking ones are gone.
             if md.get("deletionTimestamp") and "foregroundDeletion" in (md.get("finalizers") or []):
@@ -67,6 +77,7 @@ class GarbageCollector:
                     self._delete(dkey, dobj, "Foreground")
                 if not any(ref.get("blockOwnerDeletion") for _, _, ref in deps):
                     self._drop_finalizer(key, obj, "foregroundDeletion")
+        self.orphaned_at = orphaned
         self._namespaces(objs)
 
     def _drop_finalizer(self, key, obj, finalizer):

@@ -3,6 +3,7 @@ Kubernetes REST conventions (discovery, CRUD, patch, watch, tables)."""
 import base64
 import json
 import socket
+import threading
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,6 +36,10 @@ class ApiServer(ThreadingHTTPServer):
         super().__init__(addr, Handler)
         self.store, self.registry, self.kubelet = store, registry, kubelet
         self.auth = auth or authmod.Auth(store, registry)
+        # Every write request (POST, PUT, PATCH, DELETE on a resource), for tests that count
+        # what a client writes (GET /standin/writes).
+        self.writes = []
+        self.writes_lock = threading.Lock()
         self.bookmark_interval = bookmark_interval
         self.verbose = verbose
         self.stopping = False
@@ -83,12 +88,15 @@ class Handler(BaseHTTPRequestHandler):
             url.query, keep_blank_values=True).items()}
         self.url_path = url.path
         admission.request_ctx.user = None
+        self.write = None
         try:
             self.user = self.server.auth.authenticate(self.headers.get("Authorization"))
             admission.request_ctx.user = self.user
             self.body = self._read_body()
             self._route(method, url.path.rstrip("/") or "/")
+            self._record_write(200)
         except errors.ApiError as e:
+            self._record_write(e.code)
             self._send_json(e.code, e.status())
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -96,6 +104,14 @@ class Handler(BaseHTTPRequestHandler):
             import traceback
             traceback.print_exc()
             self._send_json(500, errors.ApiError(500, "InternalError", repr(e)).status())
+
+    def _record_write(self, code):
+        if self.write is None:
+            return
+        self.write["code"] = code
+        with self.server.writes_lock:
+            self.server.writes.append(self.write)
+            del self.server.writes[:-100000]
 
     def _read_body(self):
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -175,6 +191,12 @@ class Handler(BaseHTTPRequestHandler):
                 raise _not_found_path()
             return self._send_json(200, doc)
         req = self._parse_resource(group, version, rest)
+        if method != "GET":
+            self.write = {"time": time.time(), "verb": _verb(method, req), "group": req.rt.group,
+                          "resource": req.rt.plural, "subresource": req.sub or "",
+                          "namespace": req.namespace or "", "name": req.name or "",
+                          "userAgent": self.headers.get("User-Agent") or "",
+                          "dryRun": self._dry_run()}
         self.server.auth.authorize(self.user, authmod.Attributes(
             _verb(method, req), req.rt.group, req.rt.plural, req.sub, req.namespace, req.name))
         handler = {"GET": self._get, "POST": self._post, "PUT": self._put,
@@ -504,6 +526,14 @@ class Handler(BaseHTTPRequestHandler):
             return self._send_json(200, kubelet.processes())
         if path == "/standin/audit":
             return self._send_json(200, self.server.auth.audit_log())
+        if path == "/standin/writes":
+            # ?resource=editjobs&subresource=status&since=UNIX: filters, all optional.
+            with self.server.writes_lock:
+                out = [w for w in self.server.writes
+                       if all(str(w.get(k)) == self.query[k] for k in ("resource", "subresource", "namespace", "name")
+                              if k in self.query)
+                       and w["time"] >= float(self.query.get("since") or 0)]
+            return self._send_json(200, out)
         if path == "/standin/state":
             st = self.server.store
             return self._send_json(200, {"resourceVersion": st.rv,

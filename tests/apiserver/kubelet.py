@@ -52,8 +52,10 @@ class PodRuntime:
 
 
 class Kubelet:
-    def __init__(self, store, registry, workdir=None, path_prepend=(), nodes=1, images=False):
+    def __init__(self, store, registry, workdir=None, path_prepend=(), nodes=1, images=False, capacity=None):
         self.store, self.registry = store, registry
+        # What each node offers the scheduler (--node-capacity over generous defaults).
+        self.capacity = dict({"cpu": "64", "memory": "256Gi", "pods": "110"}, **(capacity or {}))
         self.pods_rt = registry.lookup("", "v1", "pods")
         self.workdir = workdir or tempfile.mkdtemp(prefix="standin-kubelet-")
         os.makedirs(self.workdir, exist_ok=True)
@@ -125,10 +127,8 @@ class Kubelet:
                                            "lastTransitionTime": now_iso()}],
                            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                                          {"type": "Hostname", "address": name}],
-                           "capacity": {"cpu": str(os.cpu_count() or 1), "memory": "64Gi",
-                                        "pods": "110"},
-                           "allocatable": {"cpu": str(os.cpu_count() or 1),
-                                           "memory": "64Gi", "pods": "110"},
+                           "capacity": dict(self.capacity),
+                           "allocatable": dict(self.capacity),
                            "nodeInfo": {"kubeletVersion": "v1.33.0-standin",
                                         "operatingSystem": "linux", "architecture": "amd64",
                                         "containerRuntimeVersion": "standin://1"}}}
@@ -176,12 +176,17 @@ class Kubelet:
     def _bind(self, pod):
         if pod["spec"].get("schedulerName", "default-scheduler") != "default-scheduler":
             return                             # another scheduler's pod (e.g. Volcano)
+        md = pod["metadata"]
+        if pod["spec"].get("schedulingGates"):
+            # Not scheduled until every gate is removed (e.g. Kueue's admission gate).
+            return self._set_scheduled_false(pod, "SchedulingGated", "Scheduling is blocked due to non-empty scheduling gates")
         nodes = [self.store.find(self.registry.lookup("", "v1", "nodes"), "", n)
                  for n in self.node_names]
         pods = [p for p in self.store.list(self.pods_rt)[0]
                 if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
-        node, reason = scheduler.choose_node(pod, [n for n in nodes if n], pods, self.rr)
-        md = pod["metadata"]
+        claims = self.registry.lookup("", "v1", "persistentvolumeclaims")
+        node, reason = scheduler.choose_node(pod, [n for n in nodes if n], pods, self.rr,
+                                             lambda name: self.store.find(claims, md["namespace"], name))
 
         def bind(o):
             if o["spec"].get("nodeName"):
@@ -190,21 +195,30 @@ class Kubelet:
                 o["spec"]["nodeName"] = node
             return o
 
-        def unschedulable(o):
+        if not node:
+            return self._set_scheduled_false(pod, "Unschedulable", reason)
+        try:
+            self.rr += 1
+            self.store.mutate(self.pods_rt, md["namespace"], md["name"], bind)
+        except errors.ApiError:
+            pass
+
+    def _set_scheduled_false(self, pod, reason, message):
+        """PodScheduled False with the scheduler's reason, written when it changes."""
+        md = pod["metadata"]
+        if any(c.get("type") == "PodScheduled" and c.get("reason") == reason and c.get("message") == message
+               for c in pod.get("status", {}).get("conditions") or []):
+            return
+
+        def fn(o):
             conds = [c for c in o.get("status", {}).get("conditions") or []
                      if c.get("type") != "PodScheduled"]
-            conds.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                          "message": reason, "lastTransitionTime": now_iso()})
+            conds.append({"type": "PodScheduled", "status": "False", "reason": reason,
+                          "message": message, "lastTransitionTime": now_iso()})
             o.setdefault("status", {})["conditions"] = conds
             return o
         try:
-            if node:
-                self.rr += 1
-                self.store.mutate(self.pods_rt, md["namespace"], md["name"], bind)
-            elif not any(c.get("reason") == "Unschedulable"
-                         for c in pod.get("status", {}).get("conditions") or []):
-                self.store.mutate(self.pods_rt, md["namespace"], md["name"], unschedulable,
-                                  "status")
+            self.store.mutate(self.pods_rt, md["namespace"], md["name"], fn, "status")
         except errors.ApiError:
             pass
 

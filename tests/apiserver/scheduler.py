@@ -1,6 +1,9 @@
-"""Placement of pending pods on the fake nodes: nodeSelector, required pod
-(anti-)affinity on kubernetes.io/hostname, hostname topology spread, then
-round robin. No resources, taints or preferred terms are considered."""
+"""Placement of pending pods on the fake nodes: the pod's volume claims (found and
+bound), resource requests against each node's allocatable, nodeSelector, required pod
+(anti-)affinity on kubernetes.io/hostname, hostname topology spread, then round robin.
+No taints or preferred terms are considered. Messages are worded as the real
+scheduler's."""
+import quantity
 from selection import match_labels, selector_from_label_selector_obj
 
 HOSTNAME = "kubernetes.io/hostname"
@@ -28,9 +31,60 @@ def _hostname_terms(affinity, key):
     return [t for t in required if t.get("topologyKey") == HOSTNAME]
 
 
-def choose_node(pod, nodes, pods, rr):
-    """Return (node name or None, reason); rr is a round-robin counter."""
+PREEMPTION = " preemption: 0/%d nodes are available: %d Preemption is not helpful for scheduling."
+
+
+def _claims_problem(pod, find_claim):
+    """Why the pod's PersistentVolumeClaims keep it off every node, or ""."""
+    for v in (pod.get("spec") or {}).get("volumes") or []:
+        name = (v.get("persistentVolumeClaim") or {}).get("claimName")
+        if not name:
+            continue
+        claim = find_claim(name)
+        if claim is None:
+            return 'persistentvolumeclaim "%s" not found.' % name
+        if (claim.get("status") or {}).get("phase") != "Bound":
+            return "pod has unbound immediate PersistentVolumeClaims."
+    return ""
+
+
+def _fits(pod, node, pods):
+    """The resources this node lacks for the pod (requests over allocatable minus what
+    the pods bound to it request)."""
+    want = quantity.pod_requests(pod)
+    have = {}
+    for k, v in ((node.get("status") or {}).get("allocatable") or {}).items():
+        try:
+            have[k] = quantity.parse(v)
+        except ValueError:
+            pass
+    name = node["metadata"]["name"]
+    for p in pods:
+        if (p.get("spec") or {}).get("nodeName") == name and p["metadata"].get("uid") != pod["metadata"].get("uid"):
+            for k, v in quantity.pod_requests(p).items():
+                have[k] = have.get(k, 0.0) - v
+    # Extended resources (nvidia.com/gpu) a node does not list it has none of.
+    return [k for k, v in sorted(want.items())
+            if v > 0 and (k in have or "/" in k) and v > have.get(k, 0.0) + 1e-9]
+
+
+def choose_node(pod, nodes, pods, rr, find_claim=lambda name: None):
+    """Return (node name or None, reason); rr is a round-robin counter; find_claim(name)
+    reads a PersistentVolumeClaim of the pod's namespace (None when there is none)."""
     spec = pod.get("spec") or {}
+    claims = _claims_problem(pod, find_claim)
+    if claims:
+        return None, "0/%d nodes are available: %s" % (len(nodes), claims) + PREEMPTION % (len(nodes), len(nodes))
+    short = {}
+    for n in nodes:
+        for r in _fits(pod, n, pods):
+            short[r] = short.get(r, 0) + 1
+    fitting = [n for n in nodes if not _fits(pod, n, pods)]
+    if not fitting:
+        why = ", ".join("%d Insufficient %s" % (c, r) if r != "pods" else "%d Too many pods" % c
+                        for r, c in sorted(short.items()))
+        return None, "0/%d nodes are available: %s." % (len(nodes), why) + PREEMPTION % (len(nodes), len(nodes))
+    nodes = fitting
     want = spec.get("nodeSelector") or {}
     names = [n["metadata"]["name"] for n in nodes
              if all((n["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())]

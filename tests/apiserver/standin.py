@@ -4,6 +4,7 @@
   python3 tests/apiserver/standin.py --listen 127.0.0.1:0 --ready-file PATH \
       [--state PATH] [--kubeconfig-out PATH] [--kubelet] [--kubelet-workdir DIR] \
       [--kubelet-images] [--path-prepend DIR]... [--nodes N] [--watch-history N] [--bookmark-interval S]
+      [--gc-delay S] [--node-capacity cpu=N,memory=Q,...] [--storage-class NAME]... [--kueue-gate]
 
 See README.md beside this file for what it serves and what it does not.
 """
@@ -17,6 +18,7 @@ import threading
 import admission
 import auth as authmod
 import garbage
+import quantity
 import http_api
 import registry as registrymod
 import store as storemod
@@ -56,6 +58,19 @@ def parse_args(argv):
                    help="events kept for watches from an older resourceVersion")
     p.add_argument("--bookmark-interval", type=float, default=5.0,
                    help="seconds between BOOKMARK events on watches that allow them")
+    p.add_argument("--gc-delay", type=float, default=0.0,
+                   help="seconds a dependent outlives its deleted owner before the garbage "
+                        "collector deletes it (a real cluster's collector lags too)")
+    p.add_argument("--node-capacity", default="",
+                   help="allocatable resources of every node, e.g. cpu=4,memory=8Gi,nvidia.com/gpu=1 "
+                        "(default cpu=64,memory=256Gi,pods=110); pods whose requests do not fit stay "
+                        "Pending, Unschedulable")
+    p.add_argument("--storage-class", action="append", default=None,
+                   help="a storage class whose claims bind at once (repeatable; default: standard); "
+                        "a claim of another class stays Pending, like one whose class does not exist")
+    p.add_argument("--kueue-gate", action="store_true",
+                   help="act as Kueue's webhook with nothing to admit: pods labelled "
+                        "kueue.x-k8s.io/queue-name get its scheduling gate, which nothing removes")
     p.add_argument("--verbose", action="store_true", help="log every request")
     return p.parse_args(argv)
 
@@ -63,20 +78,22 @@ def parse_args(argv):
 def build(args):
     reg = registrymod.Registry()
     st = storemod.Store(reg, args.state, args.watch_history)
-    adm = admission.Admission(st, reg)
+    adm = admission.Admission(st, reg, storage_classes=args.storage_class or ["standard"],
+                              kueue_gate=args.kueue_gate)
     adm.auth = authmod.Auth(st, reg)
     st.replay_load()                         # register CRDs kept in --state
     nsrt = reg.lookup("", "v1", "namespaces")
     for ns in SYSTEM_NAMESPACES:
         if st.find(nsrt, "", ns) is None:
             st.create(nsrt, "", {"metadata": {"name": ns}})
-    collector = garbage.GarbageCollector(st)
+    collector = garbage.GarbageCollector(st, delay=args.gc_delay)
     kubelet = None
     if args.kubelet:
         import kubelet as kubeletmod
         kubelet = kubeletmod.Kubelet(st, reg, workdir=args.kubelet_workdir,
                                      path_prepend=args.path_prepend, nodes=args.nodes,
-                                     images=args.kubelet_images)
+                                     images=args.kubelet_images,
+                                     capacity=quantity.parse_resource_list(args.node_capacity, "--node-capacity"))
     host, port = args.listen.rsplit(":", 1)
     server = http_api.ApiServer((host, int(port)), st, reg, kubelet,
                                 args.bookmark_interval, args.verbose, adm.auth)

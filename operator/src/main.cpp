@@ -3,6 +3,7 @@
 #include <functional>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -60,6 +61,8 @@ struct Flags {
   std::string telemetryTlsCert, telemetryTlsKey;  // PEM files; both set: TLS
   std::string telemetryTlsCaSecret;               // Secret with ca.crt mounted into workers
   std::string telemetryTlsServerName;             // EDIT_TELEMETRY_SERVER_NAME for workers
+  bool workerNetworkPolicy = false;
+  std::string workerMetricsNamespace;
   bool leaderElect = false;
   std::string leaseNamespace;
   std::string leaseName = "edit-operator";
@@ -82,6 +85,9 @@ const char* kUsage =
     "  --telemetry-tls-ca-secret NAME Secret (key ca.crt, in each job's namespace) mounted into workers\n"
     "                                 to verify the operator; sets EDIT_TELEMETRY_CA_FILE\n"
     "  --telemetry-tls-server-name N  name workers check in the certificate (default: the advertised host)\n"
+    "  --worker-network-policy        give each job a NetworkPolicy: its workers accept only each other\n"
+    "                                 (and Prometheus on port 9400, see --worker-metrics-namespace)\n"
+    "  --worker-metrics-namespace NS  namespace Prometheus scrapes the workers from (with --worker-network-policy)\n"
     "  --leader-elect                 run only while holding the Lease\n"
     "  --lease-namespace NS           (default: the kubeconfig/service-account namespace)\n"
     "  --lease-name NAME              (default edit-operator)\n"
@@ -146,6 +152,8 @@ Flags parseFlags(int argc, char** argv) {
     else if (a == "--telemetry-tls-ca-secret") f.telemetryTlsCaSecret = next();
     else if (a == "--telemetry-tls-server-name") f.telemetryTlsServerName = next();
     else if (a == "--leader-elect") f.leaderElect = !hasValue || value == "true";
+    else if (a == "--worker-network-policy") f.workerNetworkPolicy = !hasValue || value == "true";
+    else if (a == "--worker-metrics-namespace") f.workerMetricsNamespace = next();
     else if (a == "--lease-namespace") f.leaseNamespace = next();
     else if (a == "--lease-name") f.leaseName = next();
     else if (a == "--log-level") f.logLevel = next();
@@ -191,23 +199,25 @@ std::string advertiseAddr(const Flags& flags, int grpcPort) {
 }
 
 // Reconciles while holding the Lease; returns 1 when it was lost (Kubernetes restarts the
-// pod), 0 on SIGTERM.
-int runWithLease(kube::Client& client, const kube::KubeConfig& kc, const Flags& flags, const leader::OwnPod& ownPod,
-                 metrics::Metrics& metricsReg, const std::function<void()>& startControllers) {
-  leader::LeaseSettings ls;
-  ls.ns = flags.leaseNamespace.empty() ? kc.defaultNamespace : flags.leaseNamespace;
-  ls.name = flags.leaseName;
-  ls.identity = leader::defaultIdentity();
-  leader::LeaderElector elector(client, ls);
+// pod), 0 on SIGTERM. The elector has a client of its own: the controller's writes go
+// through a guard that lets them out only while the lease is fresh (fencing, as far as
+// the API allows: a replica that lost its lease, or slept through it, writes nothing).
+int runWithLease(kube::Client& client, kube::Client& leaseClient, leader::LeaderElector& elector,
+                 const leader::OwnPod& ownPod, metrics::Metrics& metricsReg,
+                 const std::function<void()>& startControllers) {
   metricsReg.setLeader(false);
+  client.setWriteGuard([&elector] { return elector.mayWrite() ? "" : "this replica does not hold the leader lease"; });
   // Before the Lease goes: workers must not be routed here once another replica leads.
-  elector.setBeforeRelease([&] { leader::setLeaderLabel(client, ownPod, false); });
+  elector.setBeforeRelease([&] { leader::setLeaderLabel(leaseClient, ownPod, false); });
   return elector.run(startControllers, g_stop) ? 0 : 1;
 }
 
 int serve(const Flags& flags, const telemetry::ServerTls& telemetryTls) {
   kube::KubeConfig kc = kube::resolveConfig(flags.kubeconfig);
+  const std::string identity = leader::defaultIdentity();
   kube::Client client(kc);
+  // The identity in the User-Agent: API audit logs tell the replicas apart.
+  client.setUserAgent("edit-operator (" + identity + ")");
   metrics::Metrics metricsReg;
   edit::http::PlainServer metricsServer(flags.metricsAddr.host, flags.metricsAddr.port, metricsHandler(metricsReg));
 
@@ -241,7 +251,8 @@ int serve(const Flags& flags, const telemetry::ServerTls& telemetryTls) {
   leader::setLeaderLabel(client, ownPod, false);
 
   kube::EventRecorder recorder(&client, "edit-operator");
-  controller::OperatorSettings settings{advertise, flags.telemetryTlsCaSecret, flags.telemetryTlsServerName};
+  controller::OperatorSettings settings{advertise, flags.telemetryTlsCaSecret, flags.telemetryTlsServerName,
+                                        flags.workerNetworkPolicy, flags.workerMetricsNamespace};
   controller::Reconciler reconciler(client, pods, hub, metricsReg, recorder, settings);
   controller::Controller ctrl(reconciler, jobs, pods, metricsReg, flags.workers, flags.resyncSeconds);
   hub.setOnReport([&ctrl](const std::string& ns, const std::string& job) {
@@ -256,6 +267,8 @@ int serve(const Flags& flags, const telemetry::ServerTls& telemetryTls) {
   });
 
   bool leading = false;
+  std::thread starter;
+  // Returns at once: the elector keeps renewing while the caches sync.
   auto startControllers = [&] {
     leading = true;
     metricsReg.setLeader(true);
@@ -263,22 +276,36 @@ int serve(const Flags& flags, const telemetry::ServerTls& telemetryTls) {
     leader::setLeaderLabel(client, ownPod, true);
     jobs.start();
     pods.start();
-    // Reconciling from a partial cache could recreate pods that exist: wait for sync.
-    while (!g_stop && !(jobs.hasSynced() && pods.hasSynced())) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (g_stop) return;
-    ctrl.start();
-    log::info("controller started", {{"workers", flags.workers}});
+    starter = std::thread([&] {
+      // Reconciling from a partial cache could recreate pods that exist: wait for sync.
+      while (!g_stop && !(jobs.hasSynced() && pods.hasSynced()))
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (g_stop) return;
+      ctrl.start();
+      log::info("controller started", {{"workers", flags.workers}});
+    });
   };
 
   int rc = 0;
+  // Outlive the controller threads: their writes ask the elector (the write guard).
+  std::unique_ptr<kube::Client> leaseClient;
+  std::unique_ptr<leader::LeaderElector> elector;
   if (flags.leaderElect) {
-    rc = runWithLease(client, kc, flags, ownPod, metricsReg, startControllers);
+    leaseClient = std::make_unique<kube::Client>(kc);
+    leaseClient->setUserAgent("edit-operator (" + identity + ")");
+    leader::LeaseSettings ls;
+    ls.ns = flags.leaseNamespace.empty() ? kc.defaultNamespace : flags.leaseNamespace;
+    ls.name = flags.leaseName;
+    ls.identity = identity;
+    elector = std::make_unique<leader::LeaderElector>(*leaseClient, ls);
+    rc = runWithLease(client, *leaseClient, *elector, ownPod, metricsReg, startControllers);
   } else {
     startControllers();
     while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (leading) leader::setLeaderLabel(client, ownPod, false);
   }
   g_stop = true;
+  if (starter.joinable()) starter.join();
   log::info("shutting down");
   hub.setServing(false);
   metricsReg.setLeader(false);

@@ -21,6 +21,7 @@ inline nlohmann::json kFullStatus() {
     "avoidNodes": [{"rank": 1, "node": "n0"}],
     "export": {"attempts": 1, "nextAttemptTime": "2027-01-15T09:01:00Z", "path": "/checkpoints/hf", "step": 40,
                "weights": "outer", "dtype": "bf16", "bytes": 123},
-    "lastReportTime": "2027-01-15T08:02:00Z", "completionTime": "2027-01-15T09:00:00Z", "message": "all workers running"
+    "lastReportTime": "2027-01-15T08:02:00Z", "stoppedAtStep": 12, "completionTime": "2027-01-15T09:00:00Z",
+    "message": "all workers running"
   })");
 }

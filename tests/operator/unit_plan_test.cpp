@@ -221,6 +221,7 @@ TEST(Plan, HangRestartsTheGang) {
   in.pods = {pod(0, "Running"), pod(1, "Running")};
   in.telemetry.present = true;
   in.telemetry.hung = true;
+  in.telemetry.hungPastRecovery = true;
   Plan p = planReconcile(in);
   EXPECT_EQ(condStatus(js(p.status), "Hung"), "True");
   EXPECT_TRUE(p.gangRestarted);

@@ -21,6 +21,7 @@ TEST(Recovery, HangIsNotDeclaredWhileSurvivorsWaitForAReplacement) {
   in.pods[1].uid = "uid-1-0-replacement";
   in.telemetry.present = true;
   in.telemetry.hung = true;
+  in.telemetry.hungPastRecovery = true;
   Plan p = planReconcile(in);
   EXPECT_FALSE(p.gangRestarted);
   EXPECT_NE(condStatus(js(p.status), "Hung"), "True");
@@ -89,25 +90,41 @@ TEST(Recovery, HungWithASilentWorkerReplacesItInPlace) {
 // Without a split between silent and reporting workers nothing says which one is stuck:
 // the gang restarts, as it does under GangRestart.
 TEST(Recovery, HungWithoutASilentMinorityRestartsTheGang) {
-  auto hung = [](json spec, double silent0, double silent1) {
+  // past: no progress for longer than the workers' own recovery (runtimeRecoverySeconds).
+  auto hung = [](json spec, double silent0, double silent1, bool past = false) {
     spec["hangTimeoutSeconds"] = 10;
     PlanInput in = input(spec, kRunning);
     in.pods = {pod(0, "Running"), pod(1, "Running")};
     in.telemetry.present = true;
     in.telemetry.hung = true;
+    in.telemetry.hungPastRecovery = past;
+    in.telemetry.quietSeconds = std::min(silent0, silent1);
     in.telemetry.ranks[0] = {"uid-0-0", 24, silent0};
     in.telemetry.ranks[1] = {"uid-1-0", 24, silent1};
     return planReconcile(in);
   };
+  // A frozen worker the policy cannot replace alone: the gang restarts at once.
   for (const auto& [what, p] : std::vector<std::pair<std::string, Plan>>{
-           {"all silent (no heartbeats)", hung({}, 12, 11)},
-           {"all alive (a deadlock)", hung({}, 1, 2)},
+           {"all alive past the workers' recovery (a deadlock)", hung({}, 1, 2, true)},
            {"GangRestart", hung({{"runPolicy", {{"replicaRecovery", "GangRestart"}}}}, 1, 11)},
            {"ddp", hung({{"algorithm", {{"mode", "ddp"}}}}, 1, 11)}}) {
     EXPECT_TRUE(p.gangRestarted) << what;
     EXPECT_EQ(condReason(js(p.status), "Hung"), "NoProgress") << what;
     EXPECT_FALSE(js(p.status).contains("recovery")) << what;
   }
+  // Every worker alive, but the workers' own recovery (a collective's timeout, then the
+  // rendezvous) may still resolve it: Hung says so, nothing restarts yet.
+  const Plan waiting = hung({}, 1, 2);
+  EXPECT_FALSE(waiting.gangRestarted);
+  EXPECT_TRUE(waiting.podsToDelete.empty());
+  EXPECT_EQ(condStatus(js(waiting.status), "Hung"), "True");
+  EXPECT_NE(findCondition(js(waiting.status), "Hung")->value("message", "").find("restarts only after 960 s"),
+            std::string::npos)
+      << js(waiting.status).dump();
+  // No report from anyone: telemetry is lost, not the job.
+  const Plan quiet = hung({}, 12, 11, true);
+  EXPECT_FALSE(quiet.gangRestarted);
+  EXPECT_EQ(condStatus(js(quiet.status), "TelemetryLost"), "True");
 }
 
 TEST(Recovery, SuspendDropsTheRecord) {

@@ -88,6 +88,13 @@ ojson crdSpecSchema() {
       if (!operatorOwned(name, it.key())) kept[it.key()] = it.value();
     for (const auto& f : fields)
       if (head(f.path) == name && f.path != name) kept[tail(f.path)] = ojson::parse(f.schema().dump());
+    if (name == "checkpoint" && kept.contains("everySteps")) {
+      kept["everySteps"]["default"] = kClusterCheckpointEverySteps;
+      kept["everySteps"]["description"] =
+          kept["everySteps"].value("description", "") + " On a cluster the default is " +
+          std::to_string(kClusterCheckpointEverySteps) +
+          ": a worker killed before its checkpoint on SIGTERM finished resumes from the newest periodic one.";
+    }
     node["properties"] = kept;
     props[name] = node;
   }

@@ -101,9 +101,12 @@ void parseContainer(const json& spec, EDiTJobSpec& s) {
   s.args = getStrings(spec, "args", {}, p);
   s.resources = getObject(spec, "resources", p);
   s.env = getArray(spec, "env", p);
-  for (size_t i = 0; i < s.env.size(); ++i)
-    require(s.env[i].is_object() && s.env[i].contains("name") && s.env[i]["name"].is_string(),
-            "spec.env[" + std::to_string(i) + "].name", "is required");
+  for (size_t i = 0; i < s.env.size(); ++i) {
+    const std::string at = "spec.env[" + std::to_string(i) + "].name";
+    require(s.env[i].is_object() && s.env[i].contains("name") && s.env[i]["name"].is_string(), at, "is required");
+    const std::string problem = reservedEnvProblem(s.env[i]["name"].get<std::string>());
+    require(problem.empty(), at, problem);
+  }
   s.nodeSelector = getObject(spec, "nodeSelector", p);
   s.tolerations = getArray(spec, "tolerations", p);
   s.volumes = getArray(spec, "volumes", p);

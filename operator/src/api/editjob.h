@@ -49,6 +49,7 @@ struct RunPolicy {
   int backoffLimit = 3;                          // gang restarts allowed before Failed
   std::optional<long> activeDeadlineSeconds;     // from startTime
   std::optional<long> ttlSecondsAfterFinished;   // delete the job this long after finishing
+  std::optional<long> scheduleTimeoutSeconds;    // fail when a pod has not started this long after its creation
   std::string cleanPodPolicy = "Running";        // All | Running | None
   bool suspend = false;
   // What a failed worker costs: InPlace recreates only its pod, which rejoins the running
@@ -101,6 +102,7 @@ struct EDiTJobSpec {
   nlohmann::json volumeMounts = nlohmann::json::array();
   int masterPort = 29500;
   long hangTimeoutSeconds = 300;  // 0 disables hang detection
+  std::optional<long> terminationGracePeriodSeconds;  // unset: controller::terminationGraceSeconds
   // Worker configuration sections, copied through to the worker's YAML config (less the
   // volume claims, which the operator mounts).
   nlohmann::json model = nlohmann::json::object();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "api/worker_env.h"
 #include "modes.h"
 
 namespace edit::op::api {
@@ -111,8 +112,19 @@ std::vector<SpecField> specFields(EDiTJobSpec& s) {
   opt("serviceAccountName", K::Str, &s.serviceAccountName, text(0, 253), "ServiceAccount of the worker pods.");
   def("masterPort", K::I32, &s.masterPort, ints(1, 65535), "TCP port of the rendezvous store on rank 0 (MASTER_PORT).");
   def("hangTimeoutSeconds", K::I64, &s.hangTimeoutSeconds, ints(0, 86400),
-      "A running worker that sends no telemetry for this long is hung: the job gets the Hung condition and is "
-      "restarted from its newest checkpoint. 0 disables hang detection.");
+      "No training step on any worker for this long is a hang (condition Hung). Workers that fell silent while the "
+      "others report (stopped, frozen) are killed and replaced in place, or the gang restarts from its newest "
+      "checkpoint where that is not possible. While every worker still reports (a cut between replicas, a "
+      "deadlock), the gang restarts only once the workers' own recovery had its time too: "
+      "runtime.collectiveTimeoutSeconds plus, with in-place recovery, runtime.rendezvousTimeoutSeconds, plus 60 s. "
+      "No report from any worker (the operator cut off or restarting) is the TelemetryLost condition, never a "
+      "restart. 0 disables hang detection.");
+  opt("terminationGracePeriodSeconds", K::OptI64, &s.terminationGracePeriodSeconds, ints(0, 86400),
+      "Seconds a worker pod gets between SIGTERM (drain, preemption, suspend, a gang restart) and SIGKILL: the "
+      "workers write a checkpoint on SIGTERM, and one killed before it finished resumes from the newest complete "
+      "one (event ResumedFromOlderCheckpoint). Unset: 30 s plus the time a worker's share of the model, its "
+      "optimizer and outer state takes at 50 MB/s (4 x 6 bytes per parameter / shardsPerReplica; 4 x 4 under "
+      "ddp), e.g. 30 s for tiny.");
   // Volume claims in the worker sections: the operator mounts them, the workers see paths.
   opt("data.pvc", K::Str, &s.dataPvc, text(1, 253),
       "PersistentVolumeClaim holding the token files, mounted read-only at /data in every worker. Unset: the files "
@@ -142,6 +154,11 @@ std::vector<SpecField> specFields(EDiTJobSpec& s) {
       "Seconds the job may run (from its start) before it is marked Failed.");
   opt("runPolicy.ttlSecondsAfterFinished", K::OptI64, &rp.ttlSecondsAfterFinished, ints(0, kI32Max),
       "Seconds after Succeeded or Failed before the job is deleted; unset keeps it.");
+  opt("runPolicy.scheduleTimeoutSeconds", K::OptI64, &rp.scheduleTimeoutSeconds, ints(1, kI32Max),
+      "Seconds a worker pod may wait to start (unschedulable, an image that cannot be pulled, a claim that does "
+      "not bind, a missing Secret or ConfigMap key, a quota, a scheduling gate) before the job is marked Failed "
+      "with the pod's reason; counted from the pod's creation. Unset waits for ever (the PodsReady condition and "
+      "a Warning event still name the pod and why).");
   def("runPolicy.cleanPodPolicy", K::Str, &rp.cleanPodPolicy, oneOf({"All", "Running", "None"}),
       "Pods deleted when the job finishes - All, only those still Running, or None (keep every pod for "
       "inspection).");
@@ -182,9 +199,40 @@ const std::vector<SpecSection>& specSections() {
   return k;
 }
 
+namespace {
+// The CEL list of the reserved worker variables (api/worker_env.h).
+const std::string& reservedEnvList() {
+  static const std::string list = [] {
+    std::string l;
+    for (const auto& v : kReservedWorkerEnv) l += std::string(l.empty() ? "" : ", ") + "'" + v.name + "'";
+    return "[" + l + "]";
+  }();
+  return list;
+}
+const std::string& reservedEnvRule() {
+  static const std::string rule = "!has(self.env) || self.env.all(e, !(e.name in " + reservedEnvList() + "))";
+  return rule;
+}
+const std::string& reservedEnvMessage() {
+  static const std::string msg = "'spec.env: ' + self.env.filter(e, e.name in " + reservedEnvList() +
+                                 ")[0].name + ' is set by the operator (RANK, WORLD_SIZE, MASTER_ADDR, EDIT_* and "
+                                 "the rest of a worker identity); remove it from spec.env'";
+  return msg;
+}
+}  // namespace
+
+std::string reservedEnvProblem(const std::string& name) {
+  const WorkerEnvVar* v = reservedWorkerEnv(name);
+  return v ? name + " is set by the operator (" + v->what + "); remove it from spec.env" : "";
+}
+
 const std::vector<SpecRule>& specRules() {
   using S = const EDiTJobSpec&;
   static const std::vector<SpecRule> k = {
+      // Checked by parseSpec too, naming the entry (spec.env[i].name).
+      {"", "spec.env", reservedEnvRule().c_str(),
+       "spec.env sets a variable the operator sets (RANK, WORLD_SIZE, MASTER_ADDR, EDIT_*, ...); remove it",
+       nullptr, nullptr, nullptr, reservedEnvMessage().c_str()},
       {"", "spec.replicas", "self.replicas * self.shardsPerReplica <= 4096",
        "replicas * shardsPerReplica (the world size) must be at most 4096",
        [](S s) { return s.worldSize() <= kMaxWorldSize; }},
@@ -245,6 +293,7 @@ json SpecRule::crdRule() const {
   if (fieldPath) r["fieldPath"] = fieldPath;
   if (reason) r["reason"] = reason;
   r["message"] = message;
+  if (messageExpression) r["messageExpression"] = messageExpression;
   return r;
 }
 

@@ -25,6 +25,12 @@ namespace edit::op::api {
 // stragglers: maxItems 4096) and is the largest job the telemetry hub was measured at.
 inline constexpr int kMaxWorldSize = 4096;
 
+// checkpoint.everySteps on a cluster when the job does not say: the CRD's default, and the
+// operator's for a job stored without it. The worker's own default, 0, keeps only the
+// checkpoints written on SIGTERM and at the end, so a pod killed before its SIGTERM
+// checkpoint finished (a grace period too short, a node lost) would cost the whole run.
+inline constexpr long kClusterCheckpointEverySteps = 500;
+
 enum class FieldKind {
   I32,     // int
   I64,     // long
@@ -91,9 +97,13 @@ struct SpecRule {
   bool (*holds)(const EDiTJobSpec&);
   const char* fieldPath = nullptr;  // CEL fieldPath (relative to `on`)
   const char* reason = nullptr;     // CEL reason (FieldValueForbidden for transition rules)
+  const char* messageExpression = nullptr;  // CEL messageExpression (names the offending value)
   std::string problem() const;     // the message less its leading field name: SpecError's
   nlohmann::json crdRule() const;   // {"rule", "message", ...} as the CRD holds it
 };
 const std::vector<SpecRule>& specRules();
+
+// Why spec.env may not set this name ("" when it may): api/worker_env.h.
+std::string reservedEnvProblem(const std::string& name);
 
 }  // namespace edit::op::api

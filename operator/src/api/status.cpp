@@ -265,6 +265,7 @@ EDiTJobStatus EDiTJobStatus::fromJson(const json& j) {
   s.exportStatus = exportFromJson(j);
   s.stragglerCount = number<int>(j, "stragglerCount");
   s.lastReportTime = text(j, "lastReportTime");
+  s.stoppedAtStep = number<long>(j, "stoppedAtStep");
   s.message = text(j, "message");
   return s;
 }
@@ -313,6 +314,7 @@ json EDiTJobStatus::toJson() const {
   if (exportStatus) j["export"] = exportToJson(*exportStatus);
   put(j, "stragglerCount", stragglerCount);
   put(j, "lastReportTime", lastReportTime);
+  put(j, "stoppedAtStep", stoppedAtStep);
   put(j, "message", message);
   return j;
 }

@@ -35,12 +35,14 @@ inline constexpr const char* Hung = "Hung";
 inline constexpr const char* Disrupted = "Disrupted";
 inline constexpr const char* Exported = "Exported";
 inline constexpr const char* LinkBound = "LinkBound";
+inline constexpr const char* PodsReady = "PodsReady";
+inline constexpr const char* TelemetryLost = "TelemetryLost";
 }  // namespace condition
 // Every condition type, for the CRD and README checks (tests/packaging/check_crd.py reads this list).
 inline constexpr const char* kConditionTypes[] = {
     condition::Created, condition::Running, condition::Restarting, condition::Recovering, condition::Scaling,
     condition::Succeeded, condition::Failed, condition::Suspended, condition::StragglerDetected, condition::Hung,
-    condition::Disrupted, condition::Exported, condition::LinkBound};
+    condition::Disrupted, condition::Exported, condition::LinkBound, condition::PodsReady, condition::TelemetryLost};
 
 // Reasons of conditions and events (an event's reason is often the condition's).
 namespace reason {
@@ -64,12 +66,21 @@ inline constexpr const char* Restarting = "Restarting";
 inline constexpr const char* BackoffLimitExceeded = "BackoffLimitExceeded";
 inline constexpr const char* PermanentError = "PermanentError";
 inline constexpr const char* TrainingStalled = "TrainingStalled";
+inline constexpr const char* CheckpointStorageFull = "CheckpointStorageFull";
+inline constexpr const char* ResumedFromOlderCheckpoint = "ResumedFromOlderCheckpoint";
 inline constexpr const char* Hung = "Hung";
 inline constexpr const char* NoProgress = "NoProgress";
 inline constexpr const char* WorkerUnresponsive = "WorkerUnresponsive";
 inline constexpr const char* Disrupted = "Disrupted";
 inline constexpr const char* PodDeleted = "PodDeleted";
 inline constexpr const char* Handled = "Handled";
+inline constexpr const char* Progressing = "Progressing";
+// telemetry
+inline constexpr const char* NoReports = "NoReports";
+inline constexpr const char* ReportsResumed = "ReportsResumed";
+// pods that do not start (PodsReady); the pods' own reasons are used as they are
+inline constexpr const char* PodsStarted = "PodsStarted";
+inline constexpr const char* ScheduleTimeout = "ScheduleTimeout";
 // in-place recovery
 inline constexpr const char* ReplicaFailed = "ReplicaFailed";
 inline constexpr const char* RecoveringReplica = "RecoveringReplica";
@@ -102,6 +113,7 @@ inline constexpr const char* ExportFailed = "ExportFailed";
 inline constexpr const char* JobFailed = "JobFailed";
 // the reconciler
 inline constexpr const char* FailedCreate = "FailedCreate";
+inline constexpr const char* ChildConflict = "ChildConflict";
 }  // namespace reason
 
 // Event types.
@@ -209,6 +221,10 @@ struct EDiTJobStatus {
   std::optional<ExportStatus> exportStatus;  // status.export
   std::optional<int> stragglerCount;
   std::optional<std::string> lastReportTime;
+  // The step the gang had reached when it stopped as a whole (a restart, a drain, a
+  // suspend); cleared once the new gang reports, with a Warning event when it resumed
+  // further back (its newest complete checkpoint is older than the stop).
+  std::optional<long> stoppedAtStep;
   std::optional<std::string> message;
 
   // Reads what parses; a field of the wrong shape is left out (the status is ours, but a

@@ -6,7 +6,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
+
+#include "api/spec_table.h"
+#include "modes.h"
 
 namespace edit::op::controller {
 namespace {
@@ -85,6 +89,13 @@ json ownerReference(const api::JobMeta& meta) {
           {"uid", meta.uid}, {"controller", true}, {"blockOwnerDeletion", true}};
 }
 
+json controllerRef(const json& obj) {
+  if (!obj.contains("metadata") || !obj["metadata"].is_object()) return json::object();
+  for (const auto& r : obj["metadata"].value("ownerReferences", json::array()))
+    if (r.is_object() && r.value("controller", false)) return r;
+  return json::object();
+}
+
 std::string workerConfigYaml(const JobRef& job) {
   const auto& s = job.spec;
   json cfg = json::object();
@@ -107,6 +118,7 @@ std::string workerConfigYaml(const JobRef& job) {
   put("algorithm", s.algorithm);
   json ckpt = s.checkpoint;
   ckpt.erase("pvc");
+  if (!ckpt.contains("everySteps") || ckpt["everySteps"].is_null()) ckpt["everySteps"] = api::kClusterCheckpointEverySteps;
   const std::string dir = checkpointDir(job);
   if (!dir.empty()) ckpt["dir"] = dir;
   put("checkpoint", ckpt);
@@ -120,6 +132,24 @@ std::string workerConfigYaml(const JobRef& job) {
   YAML::Emitter out;
   out << toYaml(cfg);
   return std::string(out.c_str()) + "\n";
+}
+
+long terminationGraceSeconds(const JobRef& job) {
+  constexpr long kBase = 30;
+  if (job.spec.terminationGracePeriodSeconds) return *job.spec.terminationGracePeriodSeconds;
+  edit::Config cfg;
+  try {
+    cfg = edit::parseConfig(workerConfigYaml(job));
+  } catch (const std::exception&) {
+    return kBase;  // an invalid spec fails before any pod exists
+  }
+  const double d = static_cast<double>(cfg.model.dim), f = static_cast<double>(cfg.model.ffnDim);
+  const double v = static_cast<double>(cfg.model.vocabSize), layers = static_cast<double>(cfg.model.layers);
+  // Embedding and head, and per layer attention (4 d^2), the SwiGLU MLP (3 d f) and two norms.
+  const double params = 2 * v * d + layers * (4 * d * d + 3 * d * f + 2 * d) + d;
+  const double k = edit::hasLocalPhases(job.spec.mode()) ? 6 : 4;
+  const double bytes = 4 * k * params / std::max(1, job.spec.shardsPerReplica);
+  return kBase + static_cast<long>(std::ceil(bytes / kCheckpointBytesPerSecond));
 }
 
 void checkWorkerConfig(const JobRef& job) {
@@ -180,6 +210,25 @@ json desiredPodGroup(const JobRef& job) {
   if (gang == "volcano" && !job.spec.priorityClassName.empty())
     pg["spec"]["priorityClassName"] = job.spec.priorityClassName;
   return pg;
+}
+
+std::string networkPolicyName(const std::string& job) { return job + "-workers"; }
+
+json desiredNetworkPolicy(const JobRef& job, const OperatorSettings& settings) {
+  json ingress = json::array({{{"from", json::array({{{"podSelector", {{"matchLabels", labelsFor(job)}}}}})}}});
+  if (!settings.metricsNamespace.empty())
+    ingress.push_back(
+        {{"from", json::array({{{"namespaceSelector",
+                                 {{"matchLabels", {{"kubernetes.io/metadata.name", settings.metricsNamespace}}}}}}})},
+         {"ports", json::array({{{"port", kWorkerMetricsPort}, {"protocol", "TCP"}}})}});
+  return {{"apiVersion", "networking.k8s.io/v1"},
+          {"kind", "NetworkPolicy"},
+          {"metadata",
+           {{"name", networkPolicyName(job.meta.name)}, {"namespace", job.meta.ns}, {"labels", labelsFor(job)},
+            {"ownerReferences", json::array({ownerReference(job.meta)})}}},
+          {"spec",
+           {{"podSelector", {{"matchLabels", labelsFor(job)}}}, {"policyTypes", json::array({"Ingress"})},
+            {"ingress", ingress}}}};
 }
 
 std::string randomToken() {

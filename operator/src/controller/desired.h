@@ -34,6 +34,9 @@ struct OperatorSettings {
   // and get EDIT_TELEMETRY_CA_FILE, which turns TLS on. Empty: plaintext.
   std::string telemetryCaSecret;
   std::string telemetryServerName;  // EDIT_TELEMETRY_SERVER_NAME (only with telemetryCaSecret)
+  // --worker-network-policy: each job gets NetworkPolicy <job>-workers (desiredNetworkPolicy).
+  bool workerNetworkPolicy = false;
+  std::string metricsNamespace;  // --worker-metrics-namespace: where Prometheus scrapes the workers from
 };
 inline constexpr const char* kTelemetryCaDir = "/etc/edit/telemetry-tls";
 inline constexpr const char* kTelemetryCaKey = "ca.crt";
@@ -45,8 +48,17 @@ std::string podName(const std::string& job, int rank);
 std::string masterAddr(const std::string& job, const std::string& ns);
 
 json ownerReference(const api::JobMeta& meta);
+// The object's controller owner reference ({} when it has none).
+json controllerRef(const json& obj);
 // checkpoint.dir as the workers get it ("" when the job keeps no checkpoints).
 std::string checkpointDir(const JobRef& job);
+
+// The pods' terminationGracePeriodSeconds: spec.terminationGracePeriodSeconds, else what a
+// checkpoint on SIGTERM costs: 30 s to reach a step every rank agrees on and to start,
+// plus the rank's share of the state (docs/memory.md: 4 k P / N bytes, k = 6 in the local
+// modes, 4 in ddp) written at kCheckpointBytesPerSecond. At least 30 s (Kubernetes' default).
+inline constexpr double kCheckpointBytesPerSecond = 50e6;
+long terminationGraceSeconds(const JobRef& job);
 
 // The worker YAML (common/src/worker_config.h structure) from spec.model/data/training/
 // algorithm/checkpoint/debug; volume claims become mount paths.
@@ -60,6 +72,12 @@ json desiredSecret(const JobRef& job, const std::string& token);
 json desiredService(const JobRef& job);
 // Empty object when no gang scheduler is named.
 json desiredPodGroup(const JobRef& job);
+std::string networkPolicyName(const std::string& job);
+// The job's pods accept connections from each other (the rendezvous and Gloo's own ports:
+// every port) and, on the workers' metrics port, from settings.metricsNamespace; nothing
+// else. Egress is not restricted.
+json desiredNetworkPolicy(const JobRef& job, const OperatorSettings& settings);
+inline constexpr int kWorkerMetricsPort = 9400;  // each worker's /metrics (the PodMonitor's port "metrics")
 // "volcano", "coscheduling" or "" (no gang scheduler) for spec.schedulerName.
 std::string gangScheduler(const std::string& schedulerName);
 // How often an idle worker resends its last report: a fifth of hangTimeoutSeconds, within

@@ -191,6 +191,7 @@ ExportPod observeExportPod(const json& pod) {
   const ObservedPod o = observePod(pod);
   ExportPod p;
   p.name = o.name;
+  p.uid = o.uid;
   p.phase = o.phase;
   p.deleting = o.deleting;
   p.exitCode = o.exitCode;

@@ -29,6 +29,7 @@ inline constexpr long kExportBackoffSeconds = 10;
 
 struct ExportPod {
   std::string name;
+  std::string uid;
   int attempt = 0;           // edit.io/export-attempt
   std::string phase;         // Pending | Running | Succeeded | Failed | Unknown
   bool deleting = false;

@@ -1,7 +1,10 @@
 #include "controller/failure_policy.h"
 
+#include <cmath>
+
 #include "exit_codes.h"
 #include "modes.h"
+#include "worker_config.h"
 
 namespace edit::op::controller {
 
@@ -15,18 +18,46 @@ std::string BackoffBudget::exhaustedMessage() const {
          std::to_string(disruptions) + " of them after disruptions, not counted)";
 }
 
-std::optional<PermanentFailure> permanentFailure(const std::vector<const ObservedPod*>& failed) {
+std::optional<PermanentFailure> permanentFailure(const std::vector<const ObservedPod*>& failed,
+                                                 const std::string& checkpointDir) {
   for (const auto* p : failed) {
     if (!p->exitCode || !edit::isPermanentExit(*p->exitCode)) continue;
     // edit-train found the outer step skipped maxSkippedRounds rounds in a row.
     if (*p->exitCode == edit::kExitStalled)
       return PermanentFailure{api::reason::TrainingStalled,
                               describeExit(*p) + "; training stalled, not retried (a restart would replay it)"};
+    // Every rank left the partial checkpoint removed and the previous one intact; a restart
+    // would train up to the same checkpoint and fail there again.
+    if (*p->exitCode == edit::kExitNoSpace)
+      return PermanentFailure{
+          api::reason::CheckpointStorageFull,
+          describeExit(*p) + "; a checkpoint did not fit: free space in checkpoint.dir" +
+              (checkpointDir.empty() ? std::string() : " (" + checkpointDir + ")") +
+              " or give its volume more, then create the job again (it resumes from the newest complete "
+              "checkpoint); not retried"};
     return PermanentFailure{api::reason::PermanentError, describeExit(*p) +
                                                   ": a permanent error (invalid config or data, or command not "
                                                   "runnable); not retried"};
   }
   return std::nullopt;
+}
+
+namespace {
+double runtimeSeconds(const api::EDiTJobSpec& spec, const char* key, double dflt) {
+  if (spec.runtime.is_object()) {
+    auto it = spec.runtime.find(key);
+    if (it != spec.runtime.end() && it->is_number()) return it->get<double>();
+  }
+  return dflt;
+}
+}  // namespace
+
+long runtimeRecoverySeconds(const api::EDiTJobSpec& spec) {
+  const edit::Config defaults;
+  double s = runtimeSeconds(spec, "collectiveTimeoutSeconds", defaults.runtime.collectiveTimeoutSeconds);
+  if (spec.inPlaceRecovery())
+    s += runtimeSeconds(spec, "rendezvousTimeoutSeconds", defaults.runtime.rendezvousTimeoutSeconds);
+  return static_cast<long>(std::ceil(s)) + 60;
 }
 
 bool causedByDisruption(const std::vector<const ObservedPod*>& failed, bool disruptionSeen) {

@@ -40,13 +40,22 @@ struct BackoffBudget {
 
 // A failure that retrying cannot fix: the job fails with this reason and message.
 struct PermanentFailure {
-  std::string reason;   // api::reason::TrainingStalled | PermanentError
+  std::string reason;   // api::reason::TrainingStalled | CheckpointStorageFull | PermanentError
   std::string message;
 };
 
 // The first of these failed pods that exited with a permanent code, as the job's failure;
-// nullopt when every failure may be retried.
-std::optional<PermanentFailure> permanentFailure(const std::vector<const ObservedPod*>& failed);
+// nullopt when every failure may be retried. checkpointDir: the workers' checkpoint.dir
+// (named when a checkpoint did not fit).
+std::optional<PermanentFailure> permanentFailure(const std::vector<const ObservedPod*>& failed,
+                                                 const std::string& checkpointDir = "");
+
+// How long the workers' own recovery from a cut or a deadlock may take before the job's
+// hang rule restarts the gang: a collective waits runtime.collectiveTimeoutSeconds, then
+// (in-place recovery) the rendezvous up to runtime.rendezvousTimeoutSeconds, plus a minute
+// for the round after it. With every worker alive and reporting, a gang restart for no
+// progress waits at least this long (docs/replica-recovery.md, "A network partition").
+long runtimeRecoverySeconds(const api::EDiTJobSpec& spec);
 
 // Whether a disruption (eviction, drain, preemption, a pod deleted by someone else) caused
 // these failures, so that they are free of the budget. Either a failed pod was itself

@@ -42,7 +42,16 @@ struct ObservedPod {
   // eviction (status.reason Evicted). Such a failure does not spend backoffLimit.
   std::string disruption;    // e.g. "EvictionByEvictionAPI"; "" when none
   std::string started;       // RFC 3339: when its (first) container last started running; "" if not running
+  std::string created;       // RFC 3339: metadata.creationTimestamp
+  // Why a Pending pod does not start, as the kubelet or the scheduler says it: a
+  // container's waiting reason (ErrImagePull, CreateContainerConfigError, ...) or the
+  // PodScheduled condition's (Unschedulable, SchedulingGated). Empty while it simply starts.
+  std::string startReason;
+  std::string startMessage;
 };
+
+// A waiting reason of a container that does not start by itself (an image, its config).
+bool stuckWaitingReason(const std::string& reason);
 
 // Reads a Pod object; fields it lacks keep their defaults.
 ObservedPod observePod(const json& pod);
@@ -53,7 +62,11 @@ struct TelemetryView {
   api::Progress progress;                  // status.progress
   std::vector<api::StragglerStatus> stragglers;  // status.stragglers
   std::string lastReportTime;              // RFC 3339
+  double quietSeconds = 0;                 // since the newest report or heartbeat of any rank
+  // No rank did a step for hangTimeoutSeconds; and for longer than the workers' own
+  // recovery takes (runtimeRecoverySeconds: a collective's timeout, then the rendezvous).
   bool hung = false;
+  bool hungPastRecovery = false;
   int replicas = 0;  // replicas rank 0's world has, by its newest report (0: unknown)
   struct RankReport {
     std::string podUid;  // pod that sent the rank's newest report ("" if the worker does not say)

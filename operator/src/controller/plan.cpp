@@ -73,6 +73,7 @@ Plan planReconcile(const PlanInput& in) {
   if (succeeded(c)) return c.done();
   createMissing(c);
   updateRunning(c);
+  if (watchPodsStarting(c)) return c.done();
   mergeTelemetry(c);
   planLink(c);
   return c.done();

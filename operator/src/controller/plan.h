@@ -40,6 +40,7 @@ struct Plan {
 
   // Telemetry and metrics (applyTelemetry).
   bool gangRestarted = false;        // restartGeneration was bumped in this plan
+  bool resetTelemetry = false;       // the whole gang stops: its reports no longer count
   std::vector<int> recoveredRanks;   // ranks whose failed pods this plan starts to replace in place
   std::vector<std::pair<int, std::string>> replacedRanks;  // straggler (rank, node) being replaced (also in status.avoidNodes)
   std::vector<int> leftRanks;        // ranks that left the job at a scale-down that finished in this plan
@@ -74,6 +75,9 @@ struct PlanInput {
   std::vector<ObservedPod> pods;         // pods owned by the job (any generation)
   TelemetryView telemetry;
   std::time_t now = 0;
+  // The API's refusal of the job's last pod create (quota, Pod Security, ...), until a
+  // create succeeds; "" when none.
+  std::string createError;
 };
 
 Plan planReconcile(const PlanInput& in);

@@ -75,11 +75,17 @@ bool succeeded(PlanContext& c);
 void createMissing(PlanContext& c);
 void updateRunning(PlanContext& c);
 void fail(PlanContext& c, const std::string& reason, const std::string& msg, bool stopRunning);
+// Pods of the gang that do not start: the PodsReady condition, runPolicy.scheduleTimeoutSeconds.
+// Returns true when the job failed for it.
+bool watchPodsStarting(PlanContext& c);
 
 // plan_failures.cpp
 void noteDisruptions(PlanContext& c);
 bool handleFailures(PlanContext& c);
 void clearDisruption(PlanContext& c, const std::string& reason, const std::string& msg);
+// The whole gang stops (a restart, or every pod gone): status.stoppedAtStep keeps the step
+// it reached, and its telemetry starts afresh.
+void noteGangStop(PlanContext& c);
 
 // plan_recovery.cpp
 void startRecovery(PlanContext& c);

@@ -23,6 +23,7 @@ std::string rankList(const std::vector<const ObservedPod*>& pods) {
 }
 
 void restart(PlanContext& c, const std::string& why, const std::string& msg) {
+  noteGangStop(c);
   c.st.restarts = c.st.restarts.value_or(0) + 1;
   c.st.restartGeneration = c.restartGeneration() + 1;
   c.setPhase(Phase::Restarting);
@@ -162,18 +163,62 @@ bool handleHang(PlanContext& c) {
   const std::string msg = "no training progress for hangTimeoutSeconds=" + std::to_string(c.spec->hangTimeoutSeconds);
   double longest = 0;
   const auto silent = silentPods(c.current(), c.in.telemetry, c.spec->hangTimeoutSeconds, &longest);
+  if (silent.empty() && !c.in.telemetry.hungPastRecovery) {
+    // Every worker alive and reporting, none training: a cut between replicas or a
+    // deadlock. The workers' collectives time out and they recover in place by
+    // themselves (docs/replica-recovery.md, "A network partition"); a gang restart now
+    // would throw that away. Say so, and wait for the window.
+    const std::string wait = msg + "; every worker still reports, so the gang restarts only after " +
+                             std::to_string(std::max(c.spec->hangTimeoutSeconds, runtimeRecoverySeconds(*c.spec))) +
+                             " s without progress, unless the workers recover in place first "
+                             "(runtime.collectiveTimeoutSeconds, then runtime.rendezvousTimeoutSeconds)";
+    if (!c.st.conditionTrue(condition::Hung)) c.event(api::kWarning, reason::Hung, wait);
+    c.cond(condition::Hung, CondStatus::True, reason::NoProgress, wait);
+    return false;
+  }
   const bool silentReplaceable = !silent.empty() && gangRestartReason(*c.spec, c.phase(), silent, nullptr).empty();
   const FailureResponse response = respondToHang(silentReplaceable, c.st.recovery.has_value(), c.budget());
   if (response == FailureResponse::StartRecovery) {
     replaceSilentInPlace(c, silent, longest, msg);
     return true;
   }
-  c.cond(condition::Hung, CondStatus::True, reason::NoProgress, msg);
-  c.event(api::kWarning, reason::Hung, msg);
+  const std::string why =
+      silent.empty() ? "no training progress for " + std::to_string(std::max(c.spec->hangTimeoutSeconds, runtimeRecoverySeconds(*c.spec))) +
+                           " s (hangTimeoutSeconds=" + std::to_string(c.spec->hangTimeoutSeconds) +
+                           "; every worker kept reporting, and their own recovery had its time)"
+                     : msg;
+  c.cond(condition::Hung, CondStatus::True, reason::NoProgress, why);
+  c.event(api::kWarning, reason::Hung, why);
   // Its workers are stuck (in a collective, or stopped): SIGTERM cannot make them
   // checkpoint, so waiting out the grace period only delays the restart.
   c.plan.deleteImmediately = true;
-  restartOrFail(c, response, reason::Hung, msg, false);
+  restartOrFail(c, response, reason::Hung, why, false);
+  return true;
+}
+
+// No report from any worker, not even a heartbeat, while their pods run: the operator
+// cannot tell a hang from a cut between the workers and itself (or its own restart, or a
+// slow operator). That is a condition and an event, never a restart: a real hang shows
+// as reports without progress, or as some workers silent while the others report.
+// Returns whether telemetry is lost now.
+bool telemetryLost(PlanContext& c) {
+  const auto& t = c.in.telemetry;
+  const double after = std::max(c.spec->hangTimeoutSeconds / 2.0, 3.0 * heartbeatSeconds(*c.spec));
+  const bool lost = c.phase() == Phase::Running && t.present && t.quietSeconds > after;
+  if (!lost) {
+    if (t.present && t.quietSeconds <= after)
+      c.endCondition(condition::TelemetryLost, reason::ReportsResumed, "the workers' reports arrive again");
+    return false;
+  }
+  const std::string msg = "no telemetry from any of the " + std::to_string(c.spec->worldSize()) + " workers for " +
+                          std::to_string(static_cast<long>(t.quietSeconds)) +
+                          " s while their pods run: the network between the workers and the operator, or the "
+                          "operator, is at fault, or every worker is frozen; hang detection waits for reports "
+                          "(no restart without them)";
+  if (!c.st.conditionTrue(condition::TelemetryLost)) c.event(api::kWarning, reason::NoReports, msg);
+  // The message's seconds would change every reconcile: it keeps the first.
+  if (!c.st.conditionTrue(condition::TelemetryLost))
+    c.cond(condition::TelemetryLost, CondStatus::True, reason::NoReports, msg);
   return true;
 }
 
@@ -206,7 +251,7 @@ bool handleFailures(PlanContext& c) {
     }
     failed.push_back(p);
   }
-  if (const auto permanent = permanentFailure(failed)) {
+  if (const auto permanent = permanentFailure(failed, checkpointDir(JobRef{c.in.meta, *c.spec}))) {
     fail(c, permanent->reason, permanent->message, true);
     return true;
   }
@@ -219,8 +264,22 @@ bool handleFailures(PlanContext& c) {
     handleFailedWorkers(c, failed);
     return true;
   }
+  if (telemetryLost(c)) return false;
   if (c.in.telemetry.hung && c.phase() == Phase::Running) return handleHang(c);
+  // Progress again after a wait for the workers' own recovery (handleHang).
+  if (c.phase() == Phase::Running && c.in.telemetry.present && !c.in.telemetry.hung) {
+    const auto* hung = c.st.condition(condition::Hung);
+    if (hung && hung->status == CondStatus::True && hung->reason == reason::NoProgress)
+      c.cond(condition::Hung, CondStatus::False, reason::Progressing, "training progresses again");
+  }
   return false;
+}
+
+void noteGangStop(PlanContext& c) {
+  long reached = c.before.progress ? c.before.progress->step : 0;
+  if (c.in.telemetry.present) reached = std::max(reached, c.in.telemetry.progress.step);
+  if (reached > 0 && !c.st.stoppedAtStep) c.st.stoppedAtStep = reached;
+  c.plan.resetTelemetry = true;
 }
 
 void clearDisruption(PlanContext& c, const std::string& why, const std::string& msg) {

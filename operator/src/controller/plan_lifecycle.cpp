@@ -217,6 +217,7 @@ void createMissing(PlanContext& c) {
   if (!c.st.startTime) c.st.startTime = c.now;
   if (static_cast<int>(c.plan.ranksToCreate.size()) == c.spec->worldSize()) {
     // Nothing left to join (e.g. every pod was deleted): a new gang, no replacements.
+    noteGangStop(c);
     clearRecovery(c, reason::GangRecreated, "every worker pod was gone; creating the gang again");
     // Once per gang: a retry after a refused create (phase still Created) is not a new one.
     if (c.phase() != Phase::Created) {
@@ -233,6 +234,65 @@ void createMissing(PlanContext& c) {
     c.setPhase(Phase::Created);
     c.cond(condition::Created, CondStatus::True, reason::GangCreated, "worker pods, service and config created");
   }
+}
+
+namespace {
+
+// ErrImagePull and ImagePullBackOff alternate while the kubelet retries: one problem.
+std::string problemKind(const std::string& reason) {
+  return reason == "ErrImagePull" || reason == "ImagePullBackOff" ? "ImagePull" : reason;
+}
+
+}  // namespace
+
+bool watchPodsStarting(PlanContext& c) {
+  const ObservedPod* stuck = nullptr;
+  const ObservedPod* oldest = nullptr;  // the longest-waiting pod that has not started
+  int stuckPods = 0;
+  for (const auto* p : c.current()) {
+    if (p->deleting || p->phase != podphase::Pending) continue;
+    if (!oldest || (!p->created.empty() && p->created < oldest->created)) oldest = p;
+    if (p->startReason.empty()) continue;
+    ++stuckPods;
+    if (!stuck) stuck = p;
+  }
+  std::string why, msg;
+  if (stuck) {
+    why = stuck->startReason;
+    msg = "worker pod " + stuck->name + " cannot start: " + why + (stuck->startMessage.empty() ? "" : ": " + stuck->startMessage);
+    if (stuckPods > 1) msg += " (" + std::to_string(stuckPods) + " pods cannot start)";
+  } else if (!c.in.createError.empty() && !c.plan.ranksToCreate.empty()) {
+    why = reason::FailedCreate;
+    msg = c.in.createError;
+  }
+  const auto* before = c.before.condition(condition::PodsReady);
+  if (!why.empty()) {
+    const bool fresh = !before || before->status != api::CondStatus::False || problemKind(before->reason) != problemKind(why);
+    c.cond(condition::PodsReady, CondStatus::False, why, msg);
+    c.st.message = msg;
+    if (fresh) c.event(api::kWarning, why, msg);
+  } else if (before && before->status == api::CondStatus::False && !oldest) {
+    c.cond(condition::PodsReady, CondStatus::True, reason::PodsStarted, "every worker pod started");
+  }
+  // runPolicy.scheduleTimeoutSeconds: as Kueue's waitForPodsReady and PyTorchJob's
+  // schedulingPolicy.scheduleTimeoutSeconds, counted from the waiting pod's creation.
+  const auto& timeout = c.spec->runPolicy.scheduleTimeoutSeconds;
+  if (!timeout) return false;
+  std::time_t since = oldest ? log::parseRfc3339(oldest->created) : 0;
+  if (!oldest && why == reason::FailedCreate && before && before->reason == why)
+    since = log::parseRfc3339(before->lastTransitionTime);
+  if (!since) return false;
+  const long left = static_cast<long>(since + *timeout - c.in.now);
+  if (left > 0) {
+    if (!c.plan.requeueAfterSeconds || left < *c.plan.requeueAfterSeconds) c.plan.requeueAfterSeconds = left;
+    return false;
+  }
+  const std::string pod = oldest ? "worker pod " + oldest->name : std::string("a worker pod");
+  fail(c, why.empty() ? reason::ScheduleTimeout : why,
+       pod + " did not start within runPolicy.scheduleTimeoutSeconds=" + std::to_string(*timeout) +
+           (msg.empty() ? std::string(" (Pending)") : "; " + msg),
+       true);
+  return true;
 }
 
 void updateRunning(PlanContext& c) {

@@ -2,6 +2,7 @@
 // StragglerDetected condition, and stragglerPolicy.action Replace.
 #include <set>
 
+#include "controller/desired.h"
 #include "controller/plan_context.h"
 
 namespace edit::op::controller {
@@ -61,6 +62,21 @@ void replaceStraggler(PlanContext& c, const ObservedPod& p, const std::string& r
 void mergeTelemetry(PlanContext& c) {
   const auto& t = c.in.telemetry;
   if (!t.present) return;
+  if (c.st.stoppedAtStep && t.progress.step > 0) {
+    // The new gang's first reports: a worker reports after a step, so resuming from the
+    // stop's own checkpoint reports stoppedAtStep + 1 at most one step later.
+    const long lost = *c.st.stoppedAtStep - (t.progress.step - 1);
+    if (lost > 1) {
+      const long g = terminationGraceSeconds(JobRef{c.in.meta, *c.spec});
+      c.event(api::kWarning, reason::ResumedFromOlderCheckpoint,
+              "the workers resumed at step " + std::to_string(t.progress.step - 1) + ", " + std::to_string(lost) +
+                  " steps before step " + std::to_string(*c.st.stoppedAtStep) +
+                  " that the stopped gang reached: its newest complete checkpoint is older than the stop (a "
+                  "checkpoint on SIGTERM needs the pods' terminationGracePeriodSeconds, " + std::to_string(g) +
+                  " s here; checkpoint.everySteps bounds what a crash costs)");
+    }
+    c.st.stoppedAtStep.reset();
+  }
   c.st.progress = t.progress;
   c.st.stragglers = t.stragglers;
   c.st.stragglerCount = static_cast<int>(t.stragglers.size());

@@ -1,10 +1,10 @@
 #include "controller/pod_spec.h"
 
+#include "api/worker_env.h"
+
 namespace edit::op::controller {
 namespace {
 
-// Each worker serves its Prometheus /metrics here (the chart's PodMonitor scrapes port "metrics").
-constexpr int kWorkerMetricsPort = 9400;
 // uid and gid of the runtime image's user (Dockerfile, target runtime).
 constexpr int kRuntimeImageGid = 65532;
 
@@ -39,32 +39,33 @@ void workerMetadata(const JobRef& job, int rank, int restartGeneration, const Po
 json workerEnv(const JobRef& job, int rank, int restartGeneration, const OperatorSettings& settings, PodJoin join) {
   const auto& s = job.spec;
   const std::string &name = job.meta.name, &ns = job.meta.ns;
+  namespace e = api::env;
   json env = json::array({
-      envVar("EDIT_JOB", name), envVar("EDIT_NAMESPACE", ns), envVar("RANK", std::to_string(rank)),
-      envVar("WORLD_SIZE", std::to_string(s.worldSize())), envVar("EDIT_REPLICAS", std::to_string(s.replicas)),
-      envVar("EDIT_SHARDS", std::to_string(s.shardsPerReplica)), envVar("MASTER_ADDR", masterAddr(name, ns)),
-      envVar("MASTER_PORT", std::to_string(s.masterPort)),
-      envVar("EDIT_TELEMETRY_ADDR", settings.telemetryAdvertiseAddr),
-      envVar("EDIT_RESTART_GENERATION", std::to_string(restartGeneration)),
-      envVar("EDIT_TERMINATION_LOG", kTerminationMessagePath),
-      envVar("EDIT_TELEMETRY_HEARTBEAT_SECONDS", std::to_string(heartbeatSeconds(s))),
-      envFrom("EDIT_CONFIG", {{"configMapKeyRef", {{"name", configMapName(name)}, {"key", kConfigKey}}}}),
-      envFrom("EDIT_TELEMETRY_TOKEN", {{"secretKeyRef", {{"name", secretName(name)}, {"key", kTokenKey}}}}),
-      envFrom("POD_NAME", fieldRef("metadata.name")),
-      envFrom("POD_UID", fieldRef("metadata.uid")),
-      envFrom("NODE_NAME", fieldRef("spec.nodeName")),
+      envVar(e::Job, name), envVar(e::Namespace, ns), envVar(e::Rank, std::to_string(rank)),
+      envVar(e::WorldSize, std::to_string(s.worldSize())), envVar(e::Replicas, std::to_string(s.replicas)),
+      envVar(e::Shards, std::to_string(s.shardsPerReplica)), envVar(e::MasterAddr, masterAddr(name, ns)),
+      envVar(e::MasterPort, std::to_string(s.masterPort)),
+      envVar(e::TelemetryAddr, settings.telemetryAdvertiseAddr),
+      envVar(e::RestartGeneration, std::to_string(restartGeneration)),
+      envVar(e::TerminationLog, kTerminationMessagePath),
+      envVar(e::HeartbeatSeconds, std::to_string(heartbeatSeconds(s))),
+      envFrom(e::Config, {{"configMapKeyRef", {{"name", configMapName(name)}, {"key", kConfigKey}}}}),
+      envFrom(e::TelemetryToken, {{"secretKeyRef", {{"name", secretName(name)}, {"key", kTokenKey}}}}),
+      envFrom(e::PodName, fieldRef("metadata.name")),
+      envFrom(e::PodUid, fieldRef("metadata.uid")),
+      envFrom(e::NodeName, fieldRef("spec.nodeName")),
       // Gloo binds and /metrics listens on the pod's own address.
-      envFrom("POD_IP", fieldRef("status.podIP")),
-      envFrom("EDIT_METRICS_HOST", fieldRef("status.podIP")),
-      envVar("EDIT_METRICS_PORT", std::to_string(kWorkerMetricsPort)),
+      envFrom(e::PodIp, fieldRef("status.podIP")),
+      envFrom(e::MetricsHost, fieldRef("status.podIP")),
+      envVar(e::MetricsPort, std::to_string(kWorkerMetricsPort)),
   });
   if (!settings.telemetryCaSecret.empty()) {
     env.push_back(envVar("EDIT_TELEMETRY_CA_FILE", std::string(kTelemetryCaDir) + "/" + kTelemetryCaKey));
     if (!settings.telemetryServerName.empty())
       env.push_back(envVar("EDIT_TELEMETRY_SERVER_NAME", settings.telemetryServerName));
   }
-  if (join != PodJoin::Start) env.push_back(envVar("EDIT_JOIN", join == PodJoin::Scale ? "scale" : "1"));
-  for (const auto& e : s.env) env.push_back(e);  // after ours: the job's own values win
+  if (join != PodJoin::Start) env.push_back(envVar(e::Join, join == PodJoin::Scale ? "scale" : "1"));
+  for (const auto& v : s.env) env.push_back(v);  // none of ours (api/worker_env.h): the CA settings may be overridden
   return env;
 }
 
@@ -167,7 +168,12 @@ json basePod(const JobRef& job, PodParts parts) {
 
   json volumes = s.volumes;
   for (const auto& v : parts.volumes) volumes.push_back(v);
-  json spec = {{"restartPolicy", "Never"}, {"securityContext", podSecurityContext(s)}, {"containers", json::array({c})}};
+  json spec = {{"restartPolicy", "Never"},
+               {"securityContext", podSecurityContext(s)},
+               {"containers", json::array({c})},
+               // The pods never call the API: no token of their ServiceAccount in them.
+               {"automountServiceAccountToken", false},
+               {"terminationGracePeriodSeconds", terminationGraceSeconds(job)}};
   if (!volumes.empty()) spec["volumes"] = volumes;
   if (!s.nodeSelector.empty()) spec["nodeSelector"] = s.nodeSelector;
   if (!s.tolerations.empty()) spec["tolerations"] = s.tolerations;

@@ -29,6 +29,7 @@ const ResourceType Secrets{"", "v1", "secrets", "Secret"};
 const ResourceType Events{"", "v1", "events", "Event"};
 const ResourceType Leases{"coordination.k8s.io", "v1", "leases", "Lease"};
 const ResourceType EDiTJobs{"edit.io", "v1alpha1", "editjobs", "EDiTJob"};
+const ResourceType NetworkPolicies{"networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"};
 const ResourceType VolcanoPodGroups{"scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup"};
 const ResourceType CoschedulingPodGroups{"scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup"};
 }  // namespace resources
@@ -112,9 +113,15 @@ void Client::cancelWatches() {
 
 json Client::request(const std::string& method, const std::string& pathAndQuery, const json* body,
                      const std::string& contentType) {
+  // Checked as late as possible: a process stopped (SIGSTOP, a frozen node) between this
+  // check and the send could still write, but not one stopped anywhere before it.
+  if (writeGuard_ && method != "GET")
+    if (std::string why = writeGuard_(); !why.empty())
+      throw ApiError(0, "NotLeader", "refused to " + method + " " + pathAndQuery + ": " + why);
   http::http_request req(method);
   req.set_request_uri(pathAndQuery);
   req.headers().add("Accept", "application/json");
+  req.headers().add("User-Agent", userAgent_);
   if (!cfg_.token.empty()) req.headers().add("Authorization", "Bearer " + cfg_.token);
   if (body) req.set_body(body->dump(), contentType);
   http::http_response resp;
@@ -184,36 +191,21 @@ json Client::mergePatch(const ResourceType& rt, const std::string& ns, const std
 }
 
 bool Client::remove(const ResourceType& rt, const std::string& ns, const std::string& name,
-                    const std::string& propagationPolicy, long gracePeriodSeconds) {
+                    const std::string& propagationPolicy, long gracePeriodSeconds, const std::string& uid) {
   json opts = {{"kind", "DeleteOptions"}, {"apiVersion", "v1"}, {"propagationPolicy", propagationPolicy}};
   std::string query = "?propagationPolicy=" + propagationPolicy;
   if (gracePeriodSeconds >= 0) {
     opts["gracePeriodSeconds"] = gracePeriodSeconds;
     query += "&gracePeriodSeconds=" + std::to_string(gracePeriodSeconds);
   }
+  if (!uid.empty()) opts["preconditions"] = {{"uid", uid}};
   try {
     request("DELETE", rt.path(ns, name) + query, &opts);
     return true;
   } catch (const ApiError& e) {
     if (e.notFound()) return false;
+    if (!uid.empty() && e.conflict()) return false;  // the name belongs to another object now
     throw;
-  }
-}
-
-std::optional<json> Client::updateStatusWithRetry(const ResourceType& rt, const std::string& ns,
-                                                  const std::string& name, const std::function<bool(json&)>& mutate,
-                                                  int attempts) {
-  for (int i = 0;; ++i) {
-    auto obj = tryGet(rt, ns, name);
-    if (!obj) return std::nullopt;
-    if (!mutate(*obj)) return std::nullopt;
-    try {
-      return updateStatus(rt, ns, *obj);
-    } catch (const ApiError& e) {
-      if (e.notFound()) return std::nullopt;
-      if (!e.conflict() || i + 1 >= attempts) throw;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20 * (i + 1)));
-    }
   }
 }
 

@@ -31,7 +31,7 @@ struct ResourceType {
 };
 
 namespace resources {
-extern const ResourceType Pods, Services, ConfigMaps, Secrets, Events, Leases, EDiTJobs;
+extern const ResourceType Pods, Services, ConfigMaps, Secrets, Events, Leases, EDiTJobs, NetworkPolicies;
 extern const ResourceType VolcanoPodGroups, CoschedulingPodGroups;
 }  // namespace resources
 
@@ -66,6 +66,14 @@ class Client {
 
   const KubeConfig& config() const { return cfg_; }
 
+  // The User-Agent of every request (default "edit-operator"): audit logs tell two
+  // operators apart by it.
+  void setUserAgent(std::string ua) { userAgent_ = std::move(ua); }
+  // Asked before every write (any method but GET): "" lets it through, anything else is
+  // why not, thrown as ApiError reason "NotLeader". An operator that lost its lease must
+  // write nothing (leader/lease.h); its reconciles may still be running.
+  void setWriteGuard(std::function<std::string()> guard) { writeGuard_ = std::move(guard); }
+
   json get(const ResourceType& rt, const std::string& ns, const std::string& name);
   std::optional<json> tryGet(const ResourceType& rt, const std::string& ns, const std::string& name);
   json list(const ResourceType& rt, const std::string& ns, const ListOptions& opts = {});
@@ -74,16 +82,13 @@ class Client {
   json updateStatus(const ResourceType& rt, const std::string& ns, const json& obj);
   json mergePatch(const ResourceType& rt, const std::string& ns, const std::string& name, const json& patch,
                   const std::string& subresource = "");
-  // Deletes; a missing object is not an error. Returns false when it was already gone.
+  // Deletes; a missing object is not an error. Returns false when it was already gone, or
+  // (uid set) when the object of that name is another one now (the UID precondition failed:
+  // what was decided about the old object does not hold for its successor).
   // gracePeriodSeconds < 0: the object's own grace period.
   bool remove(const ResourceType& rt, const std::string& ns, const std::string& name,
-              const std::string& propagationPolicy = "Background", long gracePeriodSeconds = -1);
-
-  // Re-reads the object, lets `mutate` change its status and writes it through the
-  // status subresource; retries on 409. `mutate` returns false to skip the write.
-  // Returns the stored object, or nullopt when skipped or the object is gone.
-  std::optional<json> updateStatusWithRetry(const ResourceType& rt, const std::string& ns, const std::string& name,
-                                            const std::function<bool(json&)>& mutate, int attempts = 5);
+              const std::string& propagationPolicy = "Background", long gracePeriodSeconds = -1,
+              const std::string& uid = "");
 
   // Streams watch events to onEvent until the server closes the stream, onEvent returns
   // false, or stop becomes true. Throws ApiError (gone() for 410 answered up front).
@@ -98,6 +103,8 @@ class Client {
                const std::string& contentType = "application/json");
 
   struct Impl;
+  std::string userAgent_ = "edit-operator";
+  std::function<std::string()> writeGuard_;
   KubeConfig cfg_;
   std::unique_ptr<Impl> impl_;
 };

@@ -27,6 +27,11 @@ std::string defaultIdentity() {
   return std::string(host) + "_" + std::to_string(getpid());
 }
 
+bool LeaderElector::mayWrite() const {
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  return leader_ && now - renewedAt_.load() < std::chrono::nanoseconds(s_.renewDeadline).count();
+}
+
 void LeaderElector::observe(const std::string& holder, const std::string& renew) {
   observedHolder_ = holder;
   observedRenew_ = renew;
@@ -115,6 +120,7 @@ bool LeaderElector::run(const std::function<void()>& onStarted, const std::atomi
     sleepFor(s_.retryPeriod);
   }
   if (stop) return true;
+  renewedAt_ = std::chrono::steady_clock::now().time_since_epoch().count();
   leader_ = true;
   log::info("became leader", {{"lease", s_.ns + "/" + s_.name}, {"identity", s_.identity}});
   onStarted();
@@ -130,6 +136,7 @@ bool LeaderElector::run(const std::function<void()>& onStarted, const std::atomi
     }
     if (ok) {
       lastRenew = std::chrono::steady_clock::now();
+      renewedAt_ = lastRenew.time_since_epoch().count();
     } else if (std::chrono::steady_clock::now() - lastRenew > s_.renewDeadline) {
       leader_ = false;
       log::error("lost leader lease", {{"lease", s_.ns + "/" + s_.name}, {"identity", s_.identity}});

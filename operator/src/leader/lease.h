@@ -34,6 +34,12 @@ class LeaderElector {
   // Runs just before a clean stop releases the Lease (while still leading).
   void setBeforeRelease(std::function<void()> fn) { beforeRelease_ = std::move(fn); }
 
+  // Whether this process may write to the API now: it holds the lease and renewed it
+  // within renewDeadline by its own clock (monotonic, so a process stopped with SIGSTOP or
+  // on a frozen node finds on waking that its time ran out, before its lease is seen
+  // lost). Every write of the controller asks it first (kube::Client::setWriteGuard).
+  bool mayWrite() const;
+
   // One acquire-or-renew attempt (exposed for tests).
   bool tryAcquireOrRenew();
   void release();
@@ -48,6 +54,7 @@ class LeaderElector {
   std::string observedHolder_;
   std::string observedRenew_;
   std::chrono::steady_clock::time_point observedAt_{};
+  std::atomic<int64_t> renewedAt_{0};  // steady_clock nanoseconds of the last successful renew
   std::function<void()> beforeRelease_;
 };
 

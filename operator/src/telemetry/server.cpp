@@ -36,9 +36,14 @@ TelemetryHub::~TelemetryHub() {
 }
 
 void TelemetryHub::registerJob(const std::string& ns, const std::string& job, const std::string& token,
-                               const StragglerSettings& settings, int restartGeneration, int worldSize) {
+                               const StragglerSettings& settings, int restartGeneration, int worldSize,
+                               const std::string& uid) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& j = jobs_[{ns, job}];
+  if (!uid.empty() && j.uid != uid) {
+    if (!j.uid.empty()) j = Job{};  // the earlier job of this name: its generation and ranks are not ours
+    j.uid = uid;
+  }
   j.token = token;
   j.worldSize = worldSize;
   j.state.setSettings(settings);

@@ -32,8 +32,11 @@ class TelemetryHub {
   // Accept reports for this job with this token; updates settings if already known.
   // worldSize bounds the ranks a report may name (the larger of the spec's and the
   // running world while a scale is under way); 0: only the absolute bound (65536).
+  // uid: the job object's; a job of the same name with another uid (deleted and created
+  // again) starts from nothing, as a new job.
   void registerJob(const std::string& ns, const std::string& job, const std::string& token,
-                   const StragglerSettings& settings, int restartGeneration, int worldSize = 0);
+                   const StragglerSettings& settings, int restartGeneration, int worldSize = 0,
+                   const std::string& uid = "");
   void forgetJob(const std::string& ns, const std::string& job);
   // Called on a gang restart: the old generation's reports no longer count.
   void resetJob(const std::string& ns, const std::string& job, int restartGeneration);
@@ -88,6 +91,7 @@ class TelemetryHub {
 
  private:
   struct Job {
+    std::string uid;
     std::string token;
     int restartGeneration = 0;
     int worldSize = 0;  // 0: unknown

@@ -16,14 +16,15 @@ def expand(values):
     """promtool's series notation ('1+2x3 _ 4 stale') -> the list of numbers it stands for."""
     out = []
     for tok in str(values).split():
-        m = re.fullmatch(r"(-?[0-9.e]+)(?:([+-])([0-9.e]+)x([0-9]+))?", tok)
-        if tok in ("_", "stale"):
+        if tok in ("_", "stale") or re.fullmatch(r"_x[0-9]+", tok):
             continue
+        # 'a', 'a+bxn', 'a-bxn' and 'axn' (a repeated: n + 1 values).
+        m = re.fullmatch(r"(-?[0-9.e]+)(?:([+-])([0-9.e]+))?(?:x([0-9]+))?", tok)
         if not m:
             raise ValueError(f"cannot read series value {tok!r}")
         start = float(m.group(1))
-        if m.group(2):
-            step = float(m.group(3)) * (1 if m.group(2) == "+" else -1)
+        if m.group(4):
+            step = float(m.group(3) or 0) * (1 if m.group(2) != "-" else -1)
             out += [start + step * i for i in range(int(m.group(4)) + 1)]
         else:
             out.append(start)
@@ -38,8 +39,8 @@ def bare_counters(expr):
         stripped = re.sub(r"\b%s\s*\([^()]*\)" % fn, " ", stripped)
     return sorted(n for n in metric_names_in(stripped) if n.endswith("_total"))
 
-ALERTS_WANTED = {"EDiTWorkerStraggler", "EDiTJobHung", "EDiTHighCommWait", "EDiTJobRestartLoop", "EDiTJobLinkBound",
-                 "EDiTOperatorReconcileErrors", "EDiTOperatorDown", "EDiTNoLeader"}
+ALERTS_WANTED = {"EDiTWorkerStraggler", "EDiTJobHung", "EDiTJobTelemetryLost", "EDiTHighCommWait", "EDiTJobRestartLoop",
+                 "EDiTJobFailed", "EDiTJobLinkBound", "EDiTOperatorReconcileErrors", "EDiTOperatorDown", "EDiTNoLeader"}
 SEVERITIES = {"info", "warning", "critical"}
 
 

@@ -4,7 +4,9 @@ validation loss with its 95% interval, each case's paired difference to a refere
 and loss-vs-tokens and loss-vs-wall-time plots (mean over the seeds).
 
 A case is `LAYOUT:LABEL=SET;SET;...` (LAYOUT 4x1 or 2x2: 4 workers as 4 replicas x 1
-shard or 2 x 2; the sets are edit-run --set overrides on top of --config). Seed s runs
+shard or 2 x 2; the sets are edit-run --set overrides on top of --config). Two special
+entries make a case run another build or config, e.g. the code before a change:
+`@bin=DIR` (edit-run and edit-train from DIR) and `@config=FILE`. Seed s runs
 with training.seed=s for every case, so a difference between two cases is measured on
 the same data order and initial weights.
 
@@ -51,15 +53,25 @@ def parse_case(spec):
     label, _, sets = rest.partition("=")
     if layout not in ("4x1", "2x2") or not label:
         raise SystemExit(f"--case {spec!r}: expected LAYOUT:LABEL=SET;SET with LAYOUT 4x1 or 2x2")
-    return {"key": f"{layout}:{label}", "layout": layout, "label": label, "sets": [x for x in sets.split(";") if x]}
+    entries = [x for x in sets.split(";") if x]
+    case = {"key": f"{layout}:{label}", "layout": layout, "label": label, "bin": None, "config": None,
+            "sets": [x for x in entries if not x.startswith("@")]}
+    for x in entries:
+        if x.startswith("@bin="):
+            case["bin"] = x[5:]
+        elif x.startswith("@config="):
+            case["config"] = x[8:]
+        elif x.startswith("@"):
+            raise SystemExit(f"--case {spec!r}: unknown entry {x!r} (@bin=DIR or @config=FILE)")
+    return case
 
 
 def run_one(a, case, seed, tmp):
     shards = 2 if case["layout"] == "2x2" else 1
     log_dir = os.path.join(tmp, f"{case['layout']}-{case['label']}-s{seed}".replace("/", "_"))
     sets = ["checkpoint.dir=", f"training.seed={seed}"] + a.sets + case["sets"]
-    p = edit_run.run(4, sets, shards=shards, log_dir=log_dir, config=a.config, quiet=True,
-                     binary=os.path.join(a.bin_dir, "edit-run"), timeout=a.timeout)
+    p = edit_run.run(4, sets, shards=shards, log_dir=log_dir, config=case["config"] or a.config, quiet=True,
+                     binary=os.path.join(case["bin"] or a.bin_dir, "edit-run"), timeout=a.timeout)
     if p.returncode != 0:
         return {"ok": False, "error": (p.stderr or "")[-1500:]}
     summ = logs.summaries(log_dir)
@@ -128,7 +140,9 @@ def write_report(a, cases, results, started):
         lines.append(f"| {c['key']} | {m:.4f} ± {h:.4f} | {sd:.4f} | {diff} | {o.get('lr', '-')} / {o.get('momentum', '-')} "
                      f"| {weights} | {clipped} | {statistics.fmean(r['wall'] for r in rs):.0f} |")
         summary[c["key"]] = {"mean": m, "half95": h, "sd": sd, "diff_pct": dm, "diff_half95": dh, "n": len(vals)}
-    lines += ["", "Cases:", ""] + [f"- `{c['key']}`: {' '.join('`' + s + '`' for s in c['sets'])}" for c in cases]
+    lines += ["", "Cases:", ""] + [f"- `{c['key']}`: {' '.join('`' + s + '`' for s in c['sets'])}"
+                                   + (f" (edit-run from `{c['bin']}`)" if c["bin"] else "")
+                                   + (f" (config `{c['config']}`)" if c["config"] else "") for c in cases]
     plots = write_plots(a, cases, results)
     lines += [""] + [f"![{p}]({os.path.basename(p)})" for p in plots]
     with open(out + ".md", "w") as f:

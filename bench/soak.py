@@ -77,7 +77,7 @@ def tiny_spec(data_dir, steps):
                  "seqLen": 128, "batchSize": 8, "valBatches": 16},
         "training": {"steps": steps, "lr": 3e-3, "minLr": 3e-4, "lrWarmupSteps": 30, "logEvery": 1},
         "algorithm": {"mode": "edit", "warmupSteps": 30, "syncInterval": 16,
-                      "outer": {"lr": 0.7, "momentum": 0.8},
+                      "outer": {"lr": 0.7},
                       "penalty": {"anomaly": True, "anomalyWarmup": 5, "weighted": True, "clip": True,
                                   "clipNorm": 10}},
         "checkpoint_every": 32,

@@ -215,9 +215,6 @@ training:
 algorithm:
   warmupSteps: {args.warmup}
   syncInterval: {args.tau}
-  outer:
-    lr: 0.7
-    momentum: 0.8
   penalty:
     anomalyWarmup: 5
 checkpoint:

@@ -40,9 +40,9 @@ const std::vector<std::string>& presetNames() { return kPresets; }
 namespace edit {
 const std::vector<ModelPreset>& modelPresets() {
   static const std::vector<ModelPreset> k = {
-      {"tiny", 128, 4, 4, 352},          {"small", 256, 6, 8, 704},
-      {"llama-350m", 1024, 24, 16, 2752}, {"llama-1b", 2048, 24, 16, 5504},
-      {"llama-3b", 3200, 26, 32, 8640},   {"llama-7b", 4096, 32, 32, 11008}};
+      {"tiny", 128, 4, 4, 352, 0.0625},          {"small", 256, 6, 8, 704, 0.0442},
+      {"llama-350m", 1024, 24, 16, 2752, 0.02}, {"llama-1b", 2048, 24, 16, 5504, 0.02},
+      {"llama-3b", 3200, 26, 32, 8640, 0.02},   {"llama-7b", 4096, 32, 32, 11008, 0.02}};
   return k;
 }
 }  // namespace edit
@@ -84,8 +84,12 @@ void modelAndDataRows(Rows& r, Config& c) {
   r.D("model.ropeTheta", m.ropeTheta, positive(),
       "Base of the rotary position embedding frequencies (10000 by default).");
   r.D("model.normEps", m.normEps, nums(0, 1, true, true), "Epsilon of RMSNorm (1e-5 by default).");
-  r.D("model.initStd", m.initStd, nums(0, 1, true, false),
-      "Standard deviation of the initial weights (0.02 by default).");
+  Rule initStd = nums(-1, 1, false, false);
+  initStd.text = "-1 (the preset's) or a number in (0, 1]";
+  r.D("model.initStd", m.initStd, initStd,
+      "Standard deviation of the initial weights (residual output projections divided by sqrt(2 "
+      "layers)); -1 takes the preset's (tiny 0.0625, small 0.0442, the llama presets 0.02; custom "
+      "max(0.02, 1/sqrt(2 dim))).");
   auto& d = c.data;
   r.S("data.train", d.train, str(kMaxPath, true),
       "Token file for training (llm.c or nanoGPT format, from edit-data). A relative "
@@ -134,9 +138,9 @@ void algorithmRows(Rows& r, Config& c) {
   Rule momentum = nums(-1, 1, false, true);  // and not in (-1, 0): validate()
   momentum.text = "-1 (the mode's default) or a number in [0, 1)";
   r.D("algorithm.outer.momentum", a.outer.momentum, momentum,
-      "Outer momentum; -1 takes the mode's published default (0.8 for edit and a-edit, "
-      "0.9 for diloco). An explicit value applies to every mode but localsgd (plain "
-      "averaging).");
+      "Outer momentum; -1 takes the mode's default (0.5 for edit and a-edit, measured at sync "
+      "intervals 8 and 16; 0.9, the DiLoCo paper's, for diloco). An explicit value applies to "
+      "every mode but localsgd (plain averaging).");
   r.B("algorithm.outer.nesterov", a.outer.nesterov, "Use Nesterov momentum.");
   auto& p = a.penalty;
   r.B("algorithm.penalty.anomaly", p.anomaly,
@@ -285,7 +289,9 @@ const std::vector<SectionDoc>& sectionDocs() {
        "size next to a preset overrides it.",
        {{"!has(self.dim) || !has(self.heads) || self.dim % self.heads == 0", "heads must divide dim"},
         {"!has(self.dim) || !has(self.heads) || self.dim % self.heads != 0 || (self.dim / self.heads) % 2 == 0",
-         "dim / heads must be even (rotary embeddings)"}}},
+         "dim / heads must be even (rotary embeddings)"},
+        {"!has(self.initStd) || self.initStd == -1.0 || self.initStd > 0.0",
+         "initStd must be -1 (the preset's) or above 0"}}},
       {"data", "Training data (token files) and batch shape.", {}},
       {"training", "Budget, inner optimizer (AdamW) and schedule of every replica.",
        {{"self.minLr <= self.lr", "minLr must not exceed lr"}}},

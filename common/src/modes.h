@@ -28,15 +28,17 @@ struct ModeTraits {
                           // (false: the whole model at the step boundary)
   bool penalty;           // anomaly elimination, weighted averaging and clipping apply
   bool outerOptimizer;    // Nesterov SGD on the pseudo-gradient (false: plain averaging)
-  double outerMomentum;   // its published default (algorithm.outer.momentum = -1)
+  // Its default (algorithm.outer.momentum = -1): diloco the DiLoCo paper's 0.9; edit and
+  // a-edit 0.5, measured best at tau 8 and 16 (docs/algorithm.md, "Outer optimizer").
+  double outerMomentum;
   bool stepShareWeights;  // replicas' step counts differ: weights blend in their step share
   const char* summary;
 };
 
 inline constexpr std::array<ModeTraits, 5> kModeTable = {{
-    {Mode::Edit, "edit", SyncClock::Steps, true, true, true, 0.8, false,
+    {Mode::Edit, "edit", SyncClock::Steps, true, true, true, 0.5, false,
      "layer-wise Local SGD with the pseudo-gradient penalty, synced every syncInterval steps"},
-    {Mode::AEdit, "a-edit", SyncClock::Seconds, true, true, true, 0.8, true,
+    {Mode::AEdit, "a-edit", SyncClock::Seconds, true, true, true, 0.5, true,
      "EDiT on a time window (syncSeconds): fast replicas make more local steps"},
     {Mode::DiLoCo, "diloco", SyncClock::Steps, false, false, true, 0.9, false,
      "whole-model outer Nesterov step on the averaged pseudo-gradient, no penalty"},

@@ -212,6 +212,13 @@ void setRaw(Config& cfg, const std::string& path, const std::string& raw) {
 
 }  // namespace
 
+double resolvedInitStd(const ModelConfig& m) {
+  if (m.initStd > 0) return m.initStd;
+  for (const auto& p : modelPresets())
+    if (m.preset == p.name) return p.initStd;
+  return std::max(0.02, 1.0 / std::sqrt(2.0 * static_cast<double>(m.dim)));
+}
+
 void applyModelPreset(ModelConfig& m, const std::string& preset) {
   if (preset == "custom") {
     m.preset = preset;
@@ -334,6 +341,9 @@ void validate(const Config& cfg) {
   for (auto& f : fieldsOf(copy)) f.check();  // every key's own range, presets included
 
   const auto& m = cfg.model;
+  if (m.initStd <= 0 && m.initStd != -1)
+    throw ConfigError("model.initStd: must be -1 (the preset's) or a number in (0, 1] (got " + fmtDouble(m.initStd) +
+                      ")");
   if (m.dim % m.heads != 0)
     throw ConfigError("model.heads: must divide model.dim (dim " + std::to_string(m.dim) + ", heads " +
                       std::to_string(m.heads) + ")");
@@ -357,7 +367,7 @@ void validate(const Config& cfg) {
                       fmtDouble(a.syncSeconds) + ")");
   if (a.outer.momentum < 0 && a.outer.momentum != -1)
     throw ConfigError("algorithm.outer.momentum: must be -1 (the mode's default) or a number in [0, 1) (got " +
-                      fmtDouble(a.outer.momentum) + "); -1 gives edit and a-edit 0.8, diloco 0.9");
+                      fmtDouble(a.outer.momentum) + "); -1 gives edit and a-edit 0.5, diloco 0.9");
   if (a.maxStepsPerSync != 0 && a.maxStepsPerSync < a.minStepsPerSync)
     throw ConfigError("algorithm.maxStepsPerSync: must be 0 or >= algorithm.minStepsPerSync (" +
                       std::to_string(a.minStepsPerSync) + ")");

@@ -97,7 +97,9 @@ struct ModelConfig {
   int64_t ffnDim = 352;
   double ropeTheta = 10000.0;
   double normEps = 1e-5;
-  double initStd = 0.02;
+  // Standard deviation of the initial weights; -1: the preset's, for custom max(0.02,
+  // 1/sqrt(2 dim)) (resolvedInitStd; docs/design-decisions.md, "Initialization").
+  double initStd = -1;
 };
 
 struct DataConfig {
@@ -128,7 +130,10 @@ struct PenaltyConfig {
   bool anomaly = true;        // EWMA z-score anomaly elimination
   double emaAlpha = 0.02;
   double zThreshold = 3.0;
-  int64_t anomalyWarmup = 120;  // EWMA updates before the z-test is trusted (the paper's)
+  // Rounds (EWMA updates) before the z-test is trusted: the reference implementation's EDiT
+  // example uses 10 (its library default, 120, never arms in most runs; a start-up warning
+  // says when it cannot arm).
+  int64_t anomalyWarmup = 10;
   bool weighted = true;       // softmax(-g/T) weights over replicas
   double temperature = 1.0;
   // What g is divided by in the softmax: raw (T alone, the paper) or median (T times the
@@ -298,8 +303,13 @@ std::vector<std::string> undocumentedConfigKeys();
 struct ModelPreset {
   const char* name;
   int64_t dim, layers, heads, ffnDim;
+  double initStd;  // measured for tiny and small; the common 0.02 for the rest
 };
 const std::vector<ModelPreset>& modelPresets();
+
+// model.initStd as the model is built with: the explicit value, else the preset's, else
+// (custom) max(0.02, 1/sqrt(2 dim)).
+double resolvedInitStd(const ModelConfig& m);
 
 // Fills model sizes from a preset name; throws ConfigError for an unknown one.
 void applyModelPreset(ModelConfig& m, const std::string& preset);

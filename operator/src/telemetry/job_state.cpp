@@ -1,5 +1,7 @@
 #include "telemetry/job_state.h"
 
+#include "comm_labels.h"
+
 #include <algorithm>
 #include <iterator>
 #include <numeric>
@@ -24,21 +26,17 @@ bool constantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0 && !a.empty();
 }
 
-namespace {
-const char* const kCommOps[] = {"allgather", "allreduce", "alltoall", "barrier", "broadcast", "reduce_scatter"};
-const char* const kCommGroups[] = {"shard", "sync", "world"};
-}  // namespace
+bool knownCommOp(const std::string& op) { return edit::isCommOp(op); }
+bool knownCommGroup(const std::string& group) { return edit::isCommGroup(group); }
 
-bool knownCommOp(const std::string& op) {
-  return std::any_of(std::begin(kCommOps), std::end(kCommOps), [&](const char* k) { return op == k; });
+const std::string& knownCommOps() {
+  static const std::string all = edit::listOf(edit::kCommOpNames);
+  return all;
 }
-
-bool knownCommGroup(const std::string& group) {
-  return std::any_of(std::begin(kCommGroups), std::end(kCommGroups), [&](const char* k) { return group == k; });
+const std::string& knownCommGroups() {
+  static const std::string all = edit::listOf(edit::kCommGroupNames);
+  return all;
 }
-
-const char* knownCommOps() { return "allgather, allreduce, alltoall, barrier, broadcast, reduce_scatter"; }
-const char* knownCommGroups() { return "shard, sync, world"; }
 
 void JobTelemetry::dropTotals(const Report& r) {
   tokens_ -= r.tokens;

@@ -130,12 +130,12 @@ double median(std::vector<double> v);
 // Compares secrets in time independent of where they differ (length leaks only).
 bool constantTimeEquals(const std::string& a, const std::string& b);
 
-// The comm counter labels a worker sends (runtime/src/dist/comm.cpp: Comm's collectives and
-// its process groups); a report with another is refused, so that no worker can create
-// Prometheus series at will.
+// The comm counter labels a worker sends (common/src/comm_labels.h, the runtime's one
+// list); a report with another is refused, so that no worker can create Prometheus series
+// at will.
 bool knownCommOp(const std::string& op);
 bool knownCommGroup(const std::string& group);
-const char* knownCommOps();     // "allgather, allreduce, ...", for messages
-const char* knownCommGroups();
+const std::string& knownCommOps();  // "allgather, allreduce, ...", for messages
+const std::string& knownCommGroups();
 
 }  // namespace edit::op::telemetry

@@ -87,13 +87,7 @@ MeshSpec MeshSpec::fromEnvironment() {
   return m;
 }
 
-const char* groupName(Group g) {
-  switch (g) {
-    case Group::Shard: return "shard";
-    case Group::Sync: return "sync";
-    default: return "world";
-  }
-}
+const char* groupName(Group g) { return kCommGroupNames[static_cast<size_t>(g)]; }
 
 c10::intrusive_ptr<c10d::Store> connectStore(const MeshSpec& spec) {
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.timeoutSeconds * 1000));
@@ -180,17 +174,17 @@ CollectiveGroup* Comm::pg(Group g) const {
   }
 }
 
-void Comm::count(Group g, const std::string& op, uint64_t bytes, double waitSeconds) {
+void Comm::count(Group g, CommOp op, uint64_t bytes, double waitSeconds) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto& c = counts_[{op, groupName(g)}];
+  auto& c = counts_[{commOpName(op), groupName(g)}];
   c.bytes += bytes;
   c.waitSeconds += waitSeconds;
   c.calls += 1;
 }
 
-void Comm::addWait(Group g, const std::string& op, double seconds) {
+void Comm::addWait(Group g, CommOp op, double seconds) {
   std::lock_guard<std::mutex> lk(mu_);
-  counts_[{op, groupName(g)}].waitSeconds += seconds;
+  counts_[{commOpName(op), groupName(g)}].waitSeconds += seconds;
 }
 
 CommCounts Comm::counters() const {
@@ -211,9 +205,9 @@ void Comm::allreduce(Group g, torch::Tensor& t, c10d::ReduceOp op) {
   std::vector<torch::Tensor> v{d};
   c10d::AllreduceOptions o;
   o.reduceOp = op;
-  run(g, "allreduce", [&] { return p->allreduce(v, o); });
+  run(g, CommOp::AllReduce, [&] { return p->allreduce(v, o); });
   if (!d.is_same(t)) t.copy_(d);
-  count(g, "allreduce", static_cast<uint64_t>(2.0 * (n - 1) / n * t.nbytes()), 0);
+  count(g, CommOp::AllReduce, static_cast<uint64_t>(2.0 * (n - 1) / n * t.nbytes()), 0);
 }
 
 void Comm::allgather(Group g, const torch::Tensor& in, std::vector<torch::Tensor>& out) {
@@ -226,10 +220,10 @@ void Comm::allgather(Group g, const torch::Tensor& in, std::vector<torch::Tensor
   for (auto& o : out) staging.push_back(staged(o));
   std::vector<std::vector<torch::Tensor>> outs{staging};
   std::vector<torch::Tensor> ins{staged(in)};
-  run(g, "allgather", [&] { return p->allgather(outs, ins); });
+  run(g, CommOp::AllGather, [&] { return p->allgather(outs, ins); });
   for (size_t i = 0; i < out.size(); ++i)
     if (!staging[i].is_same(out[i])) out[i].copy_(staging[i]);
-  count(g, "allgather", static_cast<uint64_t>(size(g) - 1) * in.nbytes(), 0);
+  count(g, CommOp::AllGather, static_cast<uint64_t>(size(g) - 1) * in.nbytes(), 0);
 }
 
 void Comm::allgatherInto(Group g, const torch::Tensor& mine, torch::Tensor& full) {
@@ -242,8 +236,8 @@ void Comm::allgatherInto(Group g, const torch::Tensor& mine, torch::Tensor& full
 #ifdef EDIT_WITH_CUDA
   if (onDevice()) {
     auto in = part(me);
-    run(g, "allgather", [&] { return p->_allgather_base(full, in); });
-    count(g, "allgather", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
+    run(g, CommOp::AllGather, [&] { return p->_allgather_base(full, in); });
+    count(g, CommOp::AllGather, static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
     return;
   }
 #endif
@@ -254,13 +248,13 @@ void Comm::allgatherInto(Group g, const torch::Tensor& mine, torch::Tensor& full
     std::vector<torch::Tensor> s{part(me - k)}, r{part(me - k - 1)};
     const int tag = (tag_++) & 0xffff;
     c10::intrusive_ptr<c10d::Work> sw;
-    run(g, "allgather", [&] {
+    run(g, CommOp::AllGather, [&] {
       sw = p->send(s, next, tag);
       return p->recv(r, prev, tag);
     });
-    run(g, "allgather", [&] { return sw; });
+    run(g, CommOp::AllGather, [&] { return sw; });
   }
-  count(g, "allgather", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
+  count(g, CommOp::AllGather, static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
 }
 
 void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
@@ -273,9 +267,9 @@ void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
     // NCCL has a real reduce-scatter.
     auto mine = full.narrow(0, me * chunk, chunk);
     auto out = torch::empty_like(mine);
-    run(g, "reduce_scatter", [&] { return p->_reduce_scatter_base(out, full); });
+    run(g, CommOp::ReduceScatter, [&] { return p->_reduce_scatter_base(out, full); });
     mine.copy_(out);
-    count(g, "reduce_scatter", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
+    count(g, CommOp::ReduceScatter, static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
     return;
   }
 #endif
@@ -288,14 +282,14 @@ void Comm::reduceScatterSum(Group g, torch::Tensor& full) {
     std::vector<torch::Tensor> s{part(me - k - 1)}, r{tmp};
     const int tag = (tag_++) & 0xffff;
     c10::intrusive_ptr<c10d::Work> sw;
-    run(g, "reduce_scatter", [&] {
+    run(g, CommOp::ReduceScatter, [&] {
       sw = p->send(s, next, tag);
       return p->recv(r, prev, tag);
     });
-    run(g, "reduce_scatter", [&] { return sw; });
+    run(g, CommOp::ReduceScatter, [&] { return sw; });
     part(me - k - 2).add_(tmp);
   }
-  count(g, "reduce_scatter", static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
+  count(g, CommOp::ReduceScatter, static_cast<uint64_t>(n - 1) * chunk * full.element_size(), 0);
 }
 
 void Comm::alltoall(Group g, const torch::Tensor& send, torch::Tensor& recv) {
@@ -307,9 +301,9 @@ void Comm::alltoall(Group g, const torch::Tensor& send, torch::Tensor& recv) {
   const int n = size(g);
   auto in = staged(send), out = staged(recv);
   std::vector<int64_t> equalSplits;  // empty: n equal chunks
-  run(g, "alltoall", [&] { return p->alltoall_base(out, in, equalSplits, equalSplits); });
+  run(g, CommOp::AllToAll, [&] { return p->alltoall_base(out, in, equalSplits, equalSplits); });
   if (!out.is_same(recv)) recv.copy_(out);
-  count(g, "alltoall", static_cast<uint64_t>(n - 1) * (send.nbytes() / n), 0);
+  count(g, CommOp::AllToAll, static_cast<uint64_t>(n - 1) * (send.nbytes() / n), 0);
 }
 
 int64_t Comm::addCounter(const std::string& key, int64_t delta) {
@@ -325,8 +319,8 @@ void Comm::barrier(Group g) {
   if (!p) return;
   auto t = staged(torch::zeros({1}));
   std::vector<torch::Tensor> v{t};
-  run(g, "barrier", [&] { return p->allreduce(v); });
-  count(g, "barrier", 0, 0);
+  run(g, CommOp::Barrier, [&] { return p->allreduce(v); });
+  count(g, CommOp::Barrier, 0, 0);
 }
 
 void Comm::broadcast(Group g, torch::Tensor& t, int root) {
@@ -336,20 +330,20 @@ void Comm::broadcast(Group g, torch::Tensor& t, int root) {
   std::vector<torch::Tensor> v{d};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  run(g, "broadcast", [&] { return p->broadcast(v, o); });
+  run(g, CommOp::Broadcast, [&] { return p->broadcast(v, o); });
   if (!d.is_same(t)) t.copy_(d);
-  count(g, "broadcast", static_cast<uint64_t>(t.nbytes()), 0);
+  count(g, CommOp::Broadcast, static_cast<uint64_t>(t.nbytes()), 0);
 }
 
-void Comm::run(Group g, const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+void Comm::run(Group g, CommOp op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
   try {
     start()->wait();
   } catch (const PeerLost&) {
     throw;
   } catch (const c10::Error& e) {
-    throw PeerLost(std::string(op) + " on the " + groupName(g) + " group failed: " + e.what_without_backtrace());
+    throw PeerLost(std::string(commOpName(op)) + " on the " + groupName(g) + " group failed: " + e.what_without_backtrace());
   } catch (const std::exception& e) {
-    throw PeerLost(std::string(op) + " on the " + groupName(g) + " group failed: " + e.what());
+    throw PeerLost(std::string(commOpName(op)) + " on the " + groupName(g) + " group failed: " + e.what());
   }
 }
 
@@ -406,7 +400,7 @@ Pending CommStream::enqueue(std::function<void()> task) {
   return p;
 }
 
-void CommStream::wait(const Pending& p, Group g, const std::string& op) {
+void CommStream::wait(const Pending& p, Group g, CommOp op) {
   const double t0 = nowSeconds();
   p.done.wait();
   comm_.addWait(g, op, nowSeconds() - t0);

@@ -25,6 +25,7 @@
 #include <string>
 #include <thread>
 
+#include "comm_labels.h"
 #include "scale_points.h"
 
 #include "dist/comm_counts.h"
@@ -111,7 +112,7 @@ class Comm {
   const std::string& prefix() const { return prefix_; }
 
   // Counters (thread-safe). wait time is recorded by the waiter, see CommStream.
-  void addWait(Group g, const std::string& op, double seconds);
+  void addWait(Group g, CommOp op, double seconds);
   CommCounts counters() const;
 
  private:
@@ -119,10 +120,10 @@ class Comm {
   bool onDevice() const { return spec_.backend == "nccl"; }
   // NCCL needs device tensors: host tensors are staged through the device.
   torch::Tensor staged(const torch::Tensor& t) const;
-  void count(Group g, const std::string& op, uint64_t bytes, double waitSeconds);
+  void count(Group g, CommOp op, uint64_t bytes, double waitSeconds);
   // Starts a collective and waits for it; any failure, starting included (Gloo's send and
   // recv write and read at once), becomes PeerLost.
-  void run(Group g, const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start);
+  void run(Group g, CommOp op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start);
   void build(const c10::intrusive_ptr<c10d::Store>& base, const std::string& prefix);
 
   MeshSpec spec_;
@@ -154,7 +155,7 @@ class CommStream {
   Pending enqueue(std::function<void()> task);
   // Blocks until the task is done; rethrows its exception; counts the wait. On GPU the
   // training stream then waits for the task's kernels.
-  void wait(const Pending& p, Group g, const std::string& op);
+  void wait(const Pending& p, Group g, CommOp op);
   // After a failure: tasks not yet started fail at once instead of running collectives
   // that can no longer match across ranks. The task in flight (if any) finishes or fails.
   void abort() { aborted_ = true; }

@@ -11,7 +11,7 @@
 namespace edit {
 
 ModelShape shapeOf(const ModelConfig& m) {
-  return {m.vocabSize, m.dim, m.layers, m.heads, m.ffnDim, m.ropeTheta, m.normEps, m.initStd};
+  return {m.vocabSize, m.dim, m.layers, m.heads, m.ffnDim, m.ropeTheta, m.normEps, resolvedInitStd(m)};
 }
 
 static void add(UnitLayout& u, std::string name, std::vector<int64_t> shape, double std) {

@@ -123,7 +123,7 @@ void StepEngine::forward(int64_t t, const UnitTask& beforeGather) {
   auto targets = torch::from_blob(targets_.data(), {cfg_.data.batchSize, cfg_.data.seqLen}, opts).to(device_);
   std::vector<Pending> ready(U);
   const Group prepGroup = beforeGather ? Group::Sync : Group::Shard;
-  const char* prepOp = beforeGather ? "sync" : "allgather";
+  const CommOp prepOp = beforeGather ? CommOp::Sync : CommOp::AllGather;
   ins_.assign(U, {});
   outs_.assign(U, {});
   for (size_t u = 0; u < U; ++u) {
@@ -213,7 +213,7 @@ void StepEngine::backward(const ReplicaAverage& average) {
   for (size_t u = U; u-- > 0;) {
     if (u + 1 < U) {
       for (size_t k = 0; k <= depth && k <= u; ++k) ensureBack(u - k);
-      if (regather(u)) stream().wait(gathered[u], Group::Shard, "allgather");
+      if (regather(u)) stream().wait(gathered[u], Group::Shard, CommOp::AllGather);
     } else {
       for (size_t k = 1; k <= depth && k <= u; ++k) ensureBack(u - k);
     }
@@ -233,7 +233,7 @@ void StepEngine::backward(const ReplicaAverage& average) {
     }
     if (reduce) reduced.push_back(reduceGradient(u, std::move(grad), average, bucketEnd[u]));
   }
-  const char* op = !average.on ? "reduce_scatter" : average.codec ? "compressed_mean" : "allreduce";
+  const CommOp op = !average.on ? CommOp::ReduceScatter : average.codec ? CommOp::CompressedMean : CommOp::AllReduce;
   for (auto& f : reduced) stream().wait(f, average.on ? Group::Sync : Group::Shard, op);
   ins_.clear();
   outs_.clear();
@@ -276,7 +276,7 @@ double StepEngine::evaluate(int64_t batches, Group reduceOver) {
       if (sharded) {
         for (size_t k = u; k <= u + static_cast<size_t>(prefetchDepth_) && k < U; ++k)
           if (!ready[k].valid()) ready[k] = prepareUnit(k, nullptr);
-        stream().wait(ready[u], Group::Shard, "allgather");
+        stream().wait(ready[u], Group::Shard, CommOp::AllGather);
       }
       const auto& p = units_[u].params;
       for (int64_t b = 0; b < n; ++b) {

@@ -56,7 +56,7 @@ void SyncSchedule::drainOverlap() {
   bool any = false;
   for (size_t u = 0; u < units_.size(); ++u) {
     if (!inflight_[u].valid()) continue;
-    groups_.roundStream->wait(inflight_[u], Group::Sync, "sync");
+    groups_.roundStream->wait(inflight_[u], Group::Sync, CommOp::Sync);
     inflight_[u] = {};
     res[u] = inflightResult_[u];
     any = true;

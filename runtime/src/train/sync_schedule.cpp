@@ -151,7 +151,7 @@ void SyncSchedule::syncWholeModel(RoundOutcome& out, bool overlapped) {
   const double t0 = nowSeconds();
   for (size_t u = 0; u < units_.size(); ++u)
     fs.push_back(groups_.stream->enqueue([this, u, &res, overlapped] { res[u] = syncOne(u, overlapped); }));
-  for (auto& f : fs) groups_.stream->wait(f, Group::Sync, "sync");
+  for (auto& f : fs) groups_.stream->wait(f, Group::Sync, CommOp::Sync);
   out.syncWork += nowSeconds() - t0;
   noteRound(res, out);
 }

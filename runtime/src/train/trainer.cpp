@@ -33,6 +33,10 @@ void Trainer::setup() {
     progress_.totalSteps = std::max<int64_t>(1, (cfg_.training.tokens + perStep - 1) / perStep);
   }
   if (mesh_.rank == 0) {
+    const ModelShape& shape = engine_->shape();
+    log("model: " + cfg_.model.preset + ", " + std::to_string(parameterCount(shape)) + " parameters (dim " +
+        std::to_string(shape.dim) + ", " + std::to_string(shape.layers) + " layers), initial weights N(0, " +
+        std::to_string(shape.initStd).substr(0, 6) + ")");
     log(schedule_->describe(progress_.totalSteps));
     if (const std::string w = schedule_->anomalyWarmupWarning(progress_.totalSteps); !w.empty()) log("warning: " + w);
   }

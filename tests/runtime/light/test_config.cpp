@@ -432,3 +432,21 @@ TEST(Config, SyncCompression) {
   EXPECT_NE(errorOf("algorithm: {compressionBlock: 8}").find("algorithm.compressionBlock: must be an integer in [16, 1048576]"),
             std::string::npos);
 }
+
+TEST(Config, InitStdIsThePresetsUnlessSet) {
+  // -1 by default: the preset's value, measured for the small presets (docs/design-decisions.md).
+  EXPECT_DOUBLE_EQ(edit::parseConfig("").model.initStd, -1);
+  EXPECT_DOUBLE_EQ(edit::resolvedInitStd(edit::parseConfig("").model), 0.0625);
+  EXPECT_DOUBLE_EQ(edit::resolvedInitStd(edit::parseConfig("model: {preset: small}").model), 0.0442);
+  EXPECT_DOUBLE_EQ(edit::resolvedInitStd(edit::parseConfig("model: {preset: llama-1b}").model), 0.02);
+  // custom: max(0.02, 1/sqrt(2 dim)), the rule the measured presets follow.
+  const auto narrow = edit::parseConfig("model: {preset: custom, dim: 32, heads: 2}").model;
+  EXPECT_DOUBLE_EQ(edit::resolvedInitStd(narrow), 0.125);
+  const auto wide = edit::parseConfig("model: {preset: custom, dim: 4096, heads: 32}").model;
+  EXPECT_DOUBLE_EQ(edit::resolvedInitStd(wide), 0.02);
+  // An explicit value wins over every preset.
+  EXPECT_DOUBLE_EQ(edit::resolvedInitStd(edit::parseConfig("model: {preset: small, initStd: 0.03}").model), 0.03);
+  EXPECT_NE(errorOf("model: {initStd: 0}").find("model.initStd: must be -1 (the preset's) or a number in (0, 1]"),
+            std::string::npos);
+  EXPECT_NE(errorOf("model: {initStd: -0.5}").find("model.initStd"), std::string::npos);
+}

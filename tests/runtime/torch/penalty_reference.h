@@ -19,7 +19,7 @@ struct Params {
   int64_t warmup = 120;
   bool medianTemperature = false;  // weighting "median"
   double stepShare = 0;            // A-EDiT blend (0: off)
-  double lr = 0.7, momentum = 0.8;
+  double lr = 0.7, momentum = 0.5;  // edit's defaults (docs/algorithm.md, "Outer optimizer")
   bool nesterov = true;
 };
 

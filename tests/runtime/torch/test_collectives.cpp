@@ -88,7 +88,7 @@ TEST(Collectives, CommStreamRunsTasksInOrderAndCountsWaits) {
         EXPECT_EQ(t[0].item<float>(), 2.0f);
         order.push_back(i);
       }));
-    for (auto& f : fs) stream.wait(f, Group::Shard, "allreduce");
+    for (auto& f : fs) stream.wait(f, Group::Shard, CommOp::AllReduce);
     EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
     EXPECT_EQ(comm.counters().at({"allreduce", "shard"}).calls, 5u);
   });
@@ -155,7 +155,7 @@ TEST(Collectives, CommStreamRunsItsOpsOnOneThread) {
   CommStream stream(comm);
   int inside = 0;
   auto p = stream.enqueue([&] { inside = at::get_num_threads(); });
-  stream.wait(p, Group::Shard, "probe");
+  stream.wait(p, Group::Shard, CommOp::Sync);
   EXPECT_EQ(inside, 1);
   EXPECT_EQ(at::get_num_threads(), 2);  // the training thread keeps its team
   at::set_num_threads(1);
@@ -190,7 +190,7 @@ TEST(Collectives, ThreadsThatCarryCollectivesGetShortSlicesAndTheTrainingThreadK
                   auto t = torch::ones({1});
                   comm.allreduce(Group::Shard, t);
                 }),
-                Group::Shard, "probe");
+                Group::Shard, CommOp::Sync);
     ownAfter[r] = threadSliceNanos(selves[r]);
     EXPECT_EQ(threadSliceNanos(streamTids[r]), 100000u) << "rank " << r << ": the communication thread";
     int started = 0;

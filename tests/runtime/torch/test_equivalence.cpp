@@ -39,7 +39,8 @@ ref::Params paramsFor(const AlgorithmConfig& a) {
   p.medianTemperature = a.penalty.weighting == Weighting::Median;
   p.clipNorm = a.penalty.clipNorm;
   p.lr = a.outer.lr;
-  p.momentum = a.outer.momentum >= 0 ? a.outer.momentum : a.mode == Mode::DiLoCo ? 0.9 : 0.8;
+  // docs/algorithm.md, "Outer optimizer": diloco 0.9, edit and a-edit 0.5.
+  p.momentum = a.outer.momentum >= 0 ? a.outer.momentum : a.mode == Mode::DiLoCo ? 0.9 : 0.5;
   p.nesterov = a.outer.nesterov;
   if (a.mode == Mode::LocalSgd) {
     p.lr = 1;

@@ -334,7 +334,7 @@ TEST(PenaltyReference, BaselinesMatchAndRunOnlyTheAverage) {
   {
   AlgorithmConfig a;
   EXPECT_DOUBLE_EQ(a.outer.momentum, -1);
-  for (auto [mode, mu] : {std::pair<const char*, double>{"edit", 0.8}, {"a-edit", 0.8}, {"diloco", 0.9}}) {
+  for (auto [mode, mu] : {std::pair<const char*, double>{"edit", 0.5}, {"a-edit", 0.5}, {"diloco", 0.9}}) {
     a.mode = enumOf<Mode>(mode, "mode");
     EXPECT_DOUBLE_EQ(syncSettingsFor(a).momentum, mu) << mode;
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <set>
 
 #include "test_util.h"
 #include "train/trainer.h"
@@ -117,5 +118,26 @@ TEST(Schedule, PenaltyWeightsAndClipFactorsAreReported) {
   // Without the penalty (diloco) nothing is counted.
   c.algorithm.mode = Mode::DiLoCo;
   EXPECT_EQ(train(c, 2).results[0].penalty.unitRounds, 0u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Schedule, EveryCommLabelOfARunIsInTheSharedList) {
+  // The operator refuses a report whose counters carry a label outside common/src/comm_labels.h:
+  // every label a run produces (layer-wise rounds, ZeRO-3 gathers and reductions, a
+  // compressed warm-up average, the control exchange) must be in that list.
+  at::set_num_threads(1);
+  const auto dir = test::tempDir("edit-schedule-labels");
+  auto c = test::smallConfig(test::makeTokenFile(dir, 64, 20000, 3));
+  c.algorithm.mode = Mode::Edit;
+  c.algorithm.syncCompression = Compression::Int8;
+  const TrainedRun run = train(c, 2, 2);
+  std::set<std::string> ops;
+  for (const auto& r : run.results)
+    for (const auto& [key, count] : r.comm) {
+      EXPECT_TRUE(isCommOp(key.first)) << key.first;
+      EXPECT_TRUE(isCommGroup(key.second)) << key.second;
+      ops.insert(key.first);
+    }
+  for (const char* op : {"sync", "compressed_mean", "allgather", "reduce_scatter"}) EXPECT_TRUE(ops.count(op)) << op;
   std::filesystem::remove_all(dir);
 }

@@ -109,18 +109,22 @@ def write_report(a, cases, results, started):
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out + ".json", "w") as f:
         json.dump({"argv": a.argv, "cases": cases, "seeds": a.seed_list, "runs": results}, f, indent=1)
-    ref = a.reference
+    def ref_of(c):
+        """The reference case of c: --reference, or the case of that label in c's layout."""
+        return a.reference if ":" in a.reference else f"{c['layout']}:{a.reference}"
     lines = [f"# Validation loss over {len(a.seed_list)} paired seeds", "",
              f"`python3 bench/seeds.py {' '.join(a.argv)}`", "",
              f"CPU: {cpu_model()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE') or 'auto'}; "
              f"started {started}. Config `{a.config}` with {' '.join('`' + s + '`' for s in a.sets) or 'no extra sets'}; "
              f"seeds {a.seed_list[0]}..{a.seed_list[-1]} (training.seed). Mean and 95% interval (Student's t); the "
-             f"difference is paired by seed, in % of the reference case `{ref}`'s loss.", "",
+             f"difference is paired by seed, in % of the reference case's loss (`{a.reference}`"
+             f"{'' if ':' in a.reference else ' of the same layout'}).", "",
              "| case | val loss (mean ± 95%) | sd | vs reference (paired, %) | outer lr / momentum | replica weights | clipped unit-rounds | wall (s) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    refv = {r["seed"]: r["val"] for r in results if r["case"] == ref and r["ok"]}
     summary = {}
     for c in cases:
+        ref = ref_of(c)
+        refv = {r["seed"]: r["val"] for r in results if r["case"] == ref and r["ok"]}
         rs = [r for r in results if r["case"] == c["key"] and r["ok"]]
         if not rs:
             lines.append(f"| {c['key']} | failed | | | | | | |")
@@ -130,7 +134,7 @@ def write_report(a, cases, results, started):
         sd = statistics.stdev(vals) if len(vals) > 1 else float("nan")
         diffs = [100.0 * (r["val"] / refv[r["seed"]] - 1) for r in rs if r["seed"] in refv]
         dm, dh = interval(diffs) if diffs and c["key"] != ref else (float("nan"), float("nan"))
-        o = rs[0].get("outer") or {}
+        o = rs[0].get("outer") or {"lr": "-", "momentum": "-"}
         p = rs[0].get("penalty") or {}
         weights = (f"{min(r['penalty']['weight_min'] for r in rs):.3f}-{max(r['penalty']['weight_max'] for r in rs):.3f}"
                    if p.get("on") and p.get("unit_rounds") else "-")
@@ -194,7 +198,9 @@ def shutil_which(name):
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", action="append", default=[], help="LAYOUT:LABEL=SET;SET (repeatable)")
-    p.add_argument("--reference", help="the case the differences are relative to (default: the first)")
+    p.add_argument("--reference", help="the case the differences are relative to (default: the first); a label "
+                                       "without a layout (e.g. ddp): that label's case in each case's layout")
+    p.add_argument("--from-json", help="rewrite the report of an earlier run from its .json (no training)")
     p.add_argument("--seeds", type=int, default=5, help="seeds 1..N (default 5)")
     p.add_argument("--config", default=os.path.join(ROOT, "examples", "local", "tiny.yaml"))
     p.add_argument("--set", dest="sets", action="append", default=[], help="a --set for every case")
@@ -214,11 +220,16 @@ def main(argv):
         p.error("give at least one --case")
     cases = [parse_case(s) for s in a.case]
     a.reference = a.reference or cases[0]["key"]
-    if a.reference not in [c["key"] for c in cases]:
+    if ":" in a.reference and a.reference not in [c["key"] for c in cases]:
         p.error(f"--reference {a.reference!r} is not a case")
     a.seed_list = list(range(1, a.seeds + 1))
     if not a.out:
         a.out = os.path.join(ROOT, "bench", "results", time.strftime("%Y-%m-%d"), "seeds")
+    if a.from_json:
+        saved = json.load(open(a.from_json))
+        a.seed_list = saved["seeds"]
+        write_report(a, saved["cases"], saved["runs"], "(see the first report)")
+        return 0
     a.tokens_per_step = tokens_per_step(a)
     started = time.strftime("%Y-%m-%d %H:%M")
     results = []

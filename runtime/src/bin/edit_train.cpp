@@ -228,7 +228,9 @@ json summaryJson(const Config& cfg, const MeshSpec& mesh, const TrainResult& res
             // The local phase's time, for edit-run's advice on a slow link (common/src/link_advice.h).
             {"link", steps.link},
             // The outer step as resolved for the mode, and what the penalty did.
-            {"outer", {{"lr", res.sync.lr}, {"momentum", res.sync.momentum}, {"nesterov", res.sync.nesterov}}},
+            {"outer", modeTraits(cfg.algorithm.mode).outerOptimizer
+                          ? json{{"lr", res.sync.lr}, {"momentum", res.sync.momentum}, {"nesterov", res.sync.nesterov}}
+                          : json(nullptr)},  // ddp, localsgd: no outer optimizer
             {"penalty", {{"on", res.sync.penaltyOn()}, {"unit_rounds", res.penalty.unitRounds},
                          {"units_clipped", res.penalty.unitsClipped}, {"clip_factor_min", res.penalty.clipMin},
                          {"weight_min", res.penalty.weightMin}, {"weight_max", res.penalty.weightMax}}},

@@ -46,7 +46,7 @@ void penaltyLine(const std::vector<Worker>& ws) {
       clipped += p.value("units_clipped", uint64_t{0});
     }
   }
-  if (!first) return;
+  if (!first || (*first)["outer"].is_null()) return;  // no outer optimizer (ddp, localsgd)
   const json& o = (*first)["outer"];
   std::printf("\nouter step: lr %g, momentum %g%s", num(o["lr"]), num(o["momentum"]),
               o.value("nesterov", false) ? ", Nesterov" : "");

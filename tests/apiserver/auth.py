@@ -148,7 +148,7 @@ class Auth:
         if user.admin:
             return
         rules = self.matching_rules(user, attrs)
-        entry = dict(attrs.to_json(), user=user.name, allowed=bool(rules),
+        entry = dict(attrs.to_json(), user=user.name, allowed=bool(rules), time=time.time(),
                      rules=[{"kind": k, "namespace": ns, "name": n, "index": i} for k, ns, n, i in rules])
         with self.lock:
             self.audit.append(entry)

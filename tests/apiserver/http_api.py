@@ -40,6 +40,9 @@ class ApiServer(ThreadingHTTPServer):
         # what a client writes (GET /standin/writes).
         self.writes = []
         self.writes_lock = threading.Lock()
+        # POST /standin/hold: requests to hold before they are served (a slow server, a
+        # request in flight while its client is paused).
+        self.holds = []
         self.bookmark_interval = bookmark_interval
         self.verbose = verbose
         self.stopping = False
@@ -104,6 +107,18 @@ class Handler(BaseHTTPRequestHandler):
             import traceback
             traceback.print_exc()
             self._send_json(500, errors.ApiError(500, "InternalError", repr(e)).status())
+
+    def _hold(self, verb, req):
+        """Sleeps before serving the first request a hold matches (each hold is used once)."""
+        what = {"user": self.user.name, "verb": verb, "resource": req.rt.plural,
+                "subresource": req.sub or "", "name": req.name or ""}
+        with self.server.writes_lock:
+            hold = next((h for h in self.server.holds
+                         if all(h.get(k) in (None, v) for k, v in what.items())), None)
+            if hold is not None:
+                self.server.holds.remove(hold)
+        if hold is not None:
+            time.sleep(float(hold.get("seconds", 0)))
 
     def _record_write(self, code):
         if self.write is None:
@@ -195,10 +210,11 @@ class Handler(BaseHTTPRequestHandler):
             self.write = {"time": time.time(), "verb": _verb(method, req), "group": req.rt.group,
                           "resource": req.rt.plural, "subresource": req.sub or "",
                           "namespace": req.namespace or "", "name": req.name or "",
-                          "userAgent": self.headers.get("User-Agent") or "",
+                          "userAgent": self.headers.get("User-Agent") or "", "user": self.user.name,
                           "dryRun": self._dry_run()}
         self.server.auth.authorize(self.user, authmod.Attributes(
             _verb(method, req), req.rt.group, req.rt.plural, req.sub, req.namespace, req.name))
+        self._hold(_verb(method, req), req)
         handler = {"GET": self._get, "POST": self._post, "PUT": self._put,
                    "PATCH": self._patch, "DELETE": self._delete}[method]
         admission.request_ctx.field_validation = self.query.get("fieldValidation", "")
@@ -526,6 +542,13 @@ class Handler(BaseHTTPRequestHandler):
             return self._send_json(200, kubelet.processes())
         if path == "/standin/audit":
             return self._send_json(200, self.server.auth.audit_log())
+        if path == "/standin/hold" and method == "POST":
+            # {"user", "verb", "resource", "subresource", "name" (each optional), "seconds"}:
+            # the next request that matches is served that many seconds later.
+            hold = self._json_body()
+            with self.server.writes_lock:
+                self.server.holds.append(hold)
+            return self._send_json(200, hold)
         if path == "/standin/writes":
             # ?resource=editjobs&subresource=status&since=UNIX: filters, all optional.
             with self.server.writes_lock:

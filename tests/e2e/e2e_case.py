@@ -25,12 +25,14 @@ def render_manifest(name, ns, data_dir, ckpt_dir, master_port, steps):
 class Base(unittest.TestCase):
     """A fresh API stand-in with the CRD installed; start_job applies the tiny EDiTJob
     (editjob-e2e.yaml) in a new namespace, with an operator watching it."""
+    standin_args = ()  # more stand-in flags, e.g. ("--gc-delay", "5")
+
     def setUp(self):
         if not find_kubectl():
             self.skipTest("no kubectl (.tools/bin/kubectl; run scripts/install-deps.sh)")
         if not os.access(OPERATOR, os.X_OK):
             self.skipTest("edit-operator not built: %s" % OPERATOR)
-        self.c = Cluster(prefix="edit-e2e-")
+        self.c = Cluster(prefix="edit-e2e-", standin_args=self.standin_args)
         self.addCleanup(self.c.close)
         self.c.start_standin()
         self.c.kubectl("apply", "-f", CRD)
@@ -51,5 +53,6 @@ class Base(unittest.TestCase):
         self.ckpt = os.path.join(self.c.tmp, "ckpt")
         # extra_spec: more spec fields, indented by 2 (the template's spec ends the file).
         manifest = render_manifest(self.name, self.ns, data, self.ckpt, free_port(), steps) + extra_spec
+        self.manifest = manifest
         res = self.c.kubectl("apply", "-f", "-", input=manifest)
         self.assertIn("editjob.edit.io/%s created" % self.name, res.stdout)

@@ -375,12 +375,13 @@ class ChartOperator(unittest.TestCase):
         self.assert_no_forbidden()
 
     def test_rbac_rules_all_used(self):
-        """The operator's lifecycle under the chart's RBAC (gang scheduling on, so that the
-        PodGroup rules render): creation, in-place recovery, gang restart, suspend and
+        """The operator's lifecycle under the chart's RBAC (gang scheduling and network
+        policies on, so that their rules render): creation, in-place recovery, gang restart, suspend and
         resume, adoption of an orphan, a refused pod (FailedCreate), PodGroups, TTL
         deletion, events, the Lease and the leader label. No request is refused, and every
         (group, resource, verb) the rendered roles grant is used."""
-        sets = ("replicaCount=2", "gangScheduling.volcano=true", "gangScheduling.coscheduling=true")
+        sets = ("replicaCount=2", "gangScheduling.volcano=true", "gangScheduling.coscheduling=true",
+                "networkPolicy.enabled=true")
         self.install(render(*sets), *sets)
         self.c.kubectl("apply", "-f", GANG_CRDS)
         a, b = self.start_operator_pod(), self.start_operator_pod()
@@ -404,6 +405,10 @@ class ChartOperator(unittest.TestCase):
         self.c.wait_for(lambda: self.c.job(ns, "life").get("status", {}).get("replicaRecoveries") == 1, 90,
                         "an in-place recovery")
         self.c.wait_phase(ns, "life", "Running", 90)
+        # networkPolicy.enabled: the job's workers accept only each other and Prometheus.
+        netpol = self.c.get("/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/life-workers" % ns)
+        self.assertEqual(netpol["spec"]["podSelector"], {"matchLabels": {"edit.io/job-name": "life"}})
+        self.assertEqual(netpol["spec"]["ingress"][1]["ports"], [{"port": 9400, "protocol": "TCP"}])
         # Adoption: a pod of the job loses its owner reference and is adopted again.
         pod = self.c.pods(ns, "life")[0]["metadata"]["name"]
         self.c.api("PATCH", "/api/v1/namespaces/%s/pods/%s" % (ns, pod), {"metadata": {"ownerReferences": None}},

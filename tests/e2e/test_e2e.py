@@ -196,6 +196,36 @@ class ExportFlow(Base):
         self.assertRegex(events, r"Warning\s+ExportRefused\s")
 
 
+class DeleteAndApplyAgain(Base):
+    """The CRD tells users to delete and recreate a job to change a field. The garbage
+    collector removes the old job's children in the background, seconds after kubectl
+    delete returned (the stand-in's --gc-delay): the job applied again right away finds
+    them all there, and must not take them for its own."""
+    standin_args = ("--gc-delay", "5")
+
+    def test_delete_then_apply_at_once_trains_to_succeeded(self):
+        self.start_job(steps=40)
+        self.c.wait_step(self.ns, self.name, 5, 180)
+        first = self.c.job(self.ns, self.name)["metadata"]["uid"]
+        self.c.kubectl("delete", "ej/" + self.name, "-n", self.ns)
+        self.c.kubectl("apply", "-f", "-", input=self.manifest)
+        job = self.c.job(self.ns, self.name)
+        uid = job["metadata"]["uid"]
+        self.assertNotEqual(uid, first)
+        w = self.c.kubectl("wait", "--for=condition=Succeeded", "ej/" + self.name, "-n", self.ns,
+                           "--timeout=240s", check=False, timeout=260)
+        self.assertEqual(w.returncode, 0, "kubectl wait failed: %s%s\n%s\n%s" % (
+            w.stdout, w.stderr, json.dumps(self.c.job(self.ns, self.name).get("status"), indent=1), self.c.diagnostics()))
+        st = self.c.job(self.ns, self.name)["status"]
+        self.assertEqual(st["progress"]["step"], 40, st)
+        # What it ran on is its own: its token's Secret, its config, its pods.
+        for path in ("secrets/%s-telemetry" % self.name, "configmaps/%s-config" % self.name):
+            refs = self.c.get("/api/v1/namespaces/%s/%s" % (self.ns, path))["metadata"]["ownerReferences"]
+            self.assertEqual([r["uid"] for r in refs], [uid], path)
+        for p in self.c.pods(self.ns, self.name):
+            self.assertEqual([r["uid"] for r in p["metadata"]["ownerReferences"]], [uid])
+
+
 class InvalidManifests(Base):
     """tests/e2e/invalid/*.yaml: each is rejected by kubectl apply, the error naming the
     field (its first line says what the error must contain). No operator is needed: the

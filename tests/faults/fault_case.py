@@ -128,13 +128,15 @@ class RecoveryClock:
 class FaultCase(unittest.TestCase):
     """A stand-in, an operator and a namespace per test; start() applies the job, finish()
     makes the common checks. The cases are in test_*_faults.py."""
+    # Workers reach the operator through a relay the test can cut (Cluster.proxy).
+    telemetry_proxy = False
 
     def setUp(self):
         if not find_kubectl():
             self.skipTest("no kubectl")
         if not os.access(OPERATOR, os.X_OK):
             self.skipTest("edit-operator not built: %s" % OPERATOR)
-        self.c = Cluster(prefix="edit-fault-")
+        self.c = Cluster(prefix="edit-fault-", telemetry_proxy=self.telemetry_proxy)
         self.addCleanup(self.c.close)
         self.c.start_standin()
         self.c.kubectl("apply", "-f", CRD)
@@ -152,12 +154,13 @@ class FaultCase(unittest.TestCase):
         self.killed = []
 
     # ---- helpers --------------------------------------------------------------------
-    def start(self, replica_recovery=None, **kw):
+    def start(self, replica_recovery=None, extra_spec=None, **kw):
         kw.setdefault("steps", STEPS)
         kw.setdefault("every", EVERY)
         m = job_manifest(self.name, self.ns, self.data, self.ckpt, free_port(), **kw)
         if replica_recovery:
             m["spec"]["runPolicy"]["replicaRecovery"] = replica_recovery
+        m["spec"].update(extra_spec or {})
         self.tracker = RecoveryTracker(self.c, self.ns, self.name)
         self.c.apply(m)
         return m

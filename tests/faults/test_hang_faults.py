@@ -1,12 +1,14 @@
 """Fault suite, a hung worker: one worker SIGSTOPped; the operator marks the job Hung after
-hangTimeoutSeconds and replaces the silent rank in place, or restarts the gang
-(fault_case.py has the common checks).
+hangTimeoutSeconds and replaces the silent rank in place, or restarts the gang. And its
+look-alike: the network between the workers and the operator cut while they train, which is
+no hang (fault_case.py has the common checks).
 
 Run one case:  PYTHONPATH=tests/pylib python3 tests/faults/test_hang_faults.py -v HangFaults.test_hung_worker
 """
+import time
 import urllib.parse
 
-from fault_case import PACED, FaultCase
+from fault_case import PACED, WORLD, FaultCase
 from edit_testing.unittest_main import main
 
 
@@ -54,6 +56,36 @@ class HangFaults(FaultCase):
         st = self.finish(expect_restarts=1)
         self.assertGreaterEqual(self.restarted_metric(), 1)
         self.hung_condition_after(st)
+
+
+class TelemetryBlackout(FaultCase):
+    telemetry_proxy = True
+
+    def test_telemetry_blackout(self):
+        """Cut every worker off the operator's telemetry for 3 x hangTimeoutSeconds while
+        they train on: the job says TelemetryLost, and nothing restarts: 0 restarts, 0
+        in-place recoveries, no pod deleted; Succeeded. Rank 1 sleeps 0.7 s a step, so
+        the 64 steps outlast the cut."""
+        hang = 10
+        self.start(hang=hang, debug={"injectStepDelay": {"rank": 1, "seconds": 0.7}})
+        pods0 = {p["metadata"]["uid"] for p in self.c.running_pods(self.ns, self.name, WORLD)}
+        self.wait_step(8)
+        self.c.proxy.block()
+        t0 = time.monotonic()
+
+        def lost():
+            conds = self.c.job(self.ns, self.name).get("status", {}).get("conditions", [])
+            return [c for c in conds if c["type"] == "TelemetryLost" and c["status"] == "True"]
+        cond = self.c.wait_for(lost, 3 * hang, "the TelemetryLost condition")[0]
+        self.assertIn("no telemetry from any of the 4 workers", cond["message"])
+        time.sleep(max(0.0, 3 * hang - (time.monotonic() - t0)))
+        self.assertEqual(self.c.job(self.ns, self.name)["status"]["phase"], "Running")
+        self.c.proxy.unblock()
+        st = self.finish(expect_restarts=0)
+        self.assertEqual(set(self.tracker.uids), pods0, "a pod was deleted or created")
+        tl = [c for c in st.get("conditions", []) if c["type"] == "TelemetryLost"]
+        self.assertEqual([c["status"] for c in tl], ["False"], st.get("conditions"))
+        self.assertEqual(self.restarted_metric(), 0)
 
 
 if __name__ == "__main__":

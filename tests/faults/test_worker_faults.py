@@ -1,13 +1,16 @@
 """Fault suite, worker faults: a worker SIGKILLed (one rank, rank 0 with the store, a whole
-replica), its pod deleted, or every worker SIGTERMed, with in-place recovery or a gang
-restart (fault_case.py has the common checks).
+replica), its pod deleted, every worker SIGTERMed, or every pod evicted with no time to
+checkpoint, with in-place recovery or a gang restart (fault_case.py has the common checks).
 
 Run one case:  PYTHONPATH=tests/pylib python3 tests/faults/test_worker_faults.py -v WorkerFaults.test_kill_worker
 """
+import json
 import os
 import time
+import urllib.parse
 
 from fault_case import PACED, STEPS, SYNC, WORLD, FaultCase, RecoveryClock
+from edit_testing.ckpt import checkpoints
 from edit_testing.unittest_main import main
 
 
@@ -124,6 +127,42 @@ class WorkerFaults(FaultCase):
         manifest = os.path.join(self.ckpt, "step-%08d" % saved, "MANIFEST")
         if os.path.exists(manifest):  # kept (keep=100)
             self.assertLess(os.path.getmtime(manifest) - t_term, 30, "checkpoint not within the grace period")
+
+    def test_drain_shorter_than_a_checkpoint(self):
+        """Every pod evicted (a node drain) with a grace period that leaves no time for the
+        checkpoint on SIGTERM (spec.terminationGracePeriodSeconds 0: killed at once): the
+        gang is created again and resumes from the newest periodic checkpoint, not step 0,
+        and a Warning event ResumedFromOlderCheckpoint says how far back. A drain is a
+        disruption: no restart and no budget spent. PACED."""
+        self.start(debug=PACED, extra_spec={"terminationGracePeriodSeconds": 0})
+        pod0 = self.c.get("/api/v1/namespaces/%s/pods/%s" % (self.ns, self.pod(0)))
+        self.assertEqual(pod0["spec"]["terminationGracePeriodSeconds"], 0)
+        self.wait_checkpoint(16)
+        reached = self.wait_step(20)["progress"]["step"]
+        for r in range(WORLD):
+            code, body = self.c.api("POST", "/api/v1/namespaces/%s/pods/%s/eviction" % (self.ns, self.pod(r)),
+                                    {"apiVersion": "policy/v1", "kind": "Eviction",
+                                     "metadata": {"name": self.pod(r), "namespace": self.ns}})
+            self.assertEqual(code, 201, body)
+        job = self.c.wait_phase(self.ns, self.name, ("Succeeded", "Failed"), 300)
+        self.tracker.stop()
+        st = job["status"]
+        self.assertEqual(st["phase"], "Succeeded", "%s\n%s" % (self.c.diagnostics(), json.dumps(st, indent=1)))
+        self.assertEqual(st.get("restarts", 0), 0, st)
+        # Every rank ran twice: the evicted gang, then the gang that resumed.
+        resumed = [s["resumed_from"] for s in self.c.summaries(self.ns, self.name).get(0, []) if s["steps"] == STEPS]
+        self.assertTrue(resumed, self.c.summaries(self.ns, self.name))
+        self.assertGreaterEqual(resumed[-1], 16, "resumed from step %s, not the periodic checkpoint" % resumed[-1])
+        self.assertLess(resumed[-1], reached + 8)
+        cks = checkpoints(self.ckpt)
+        self.assertEqual(cks[-1][0], STEPS, cks)
+        evs = self.c.get("/api/v1/namespaces/%s/events?fieldSelector=%s" % (
+            self.ns, urllib.parse.quote("involvedObject.name=" + self.name)))["items"]
+        older = [e for e in evs if e["reason"] == "ResumedFromOlderCheckpoint"]
+        self.assertEqual(len(older), 1, [(e["reason"], e["message"]) for e in evs])
+        self.assertEqual(older[0]["type"], "Warning")
+        self.assertIn("resumed at step %d" % resumed[-1], older[0]["message"])
+        print("drained at step >= %d, resumed from %d: %s" % (reached, resumed[-1], older[0]["message"]))
 
 
 if __name__ == "__main__":

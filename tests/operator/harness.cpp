@@ -134,6 +134,7 @@ void StandIn::start(bool kubelet, int port, const std::string& state) {
     argv.push_back("--state");
     argv.push_back(state);
   }
+  argv.insert(argv.end(), extraArgs.begin(), extraArgs.end());
   proc_.start(argv, dir_ + "/standin.log");
   if (!waitFor([&] { return !readFile(ready).empty(); }, std::chrono::seconds(30), std::chrono::milliseconds(50)))
     throw std::runtime_error("stand-in did not start:\n" + logs());
@@ -161,7 +162,10 @@ void StandIn::applyCrd() {
 }
 
 void OperatorProcess::start(const std::string& kubeconfig, const std::vector<std::string>& extraArgs) {
-  std::vector<std::string> argv = {EDIT_OPERATOR_BIN, "--kubeconfig", kubeconfig,
+  // EDIT_OPERATOR_UNDER_TEST: another build of the operator (e.g. an older one, to see a
+  // test fail without a fix).
+  const char* other = std::getenv("EDIT_OPERATOR_UNDER_TEST");
+  std::vector<std::string> argv = {other && *other ? other : EDIT_OPERATOR_BIN, "--kubeconfig", kubeconfig,
                                    "--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0",
                                    "--grpc-addr", "127.0.0.1:0", "--resync-seconds", "5", "--log-level", "debug"};
   argv.insert(argv.end(), extraArgs.begin(), extraArgs.end());

@@ -47,6 +47,8 @@ int runShell(const std::string& command);
 class StandIn {
  public:
   explicit StandIn(std::string dir) : dir_(std::move(dir)) {}
+  // More stand-in flags (--gc-delay, --node-capacity, ...), for the next start().
+  std::vector<std::string> extraArgs;
   // port 0: any free port; state: keep objects in this file across restarts.
   void start(bool kubelet = true, int port = 0, const std::string& state = "");
   void stop();

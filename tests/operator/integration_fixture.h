@@ -16,6 +16,7 @@ class OperatorIntegration : public ::testing::Test {
   void SetUp() override {
     dir = makeTempDir();
     standin = std::make_unique<StandIn>(dir);
+    standin->extraArgs = standinArgs;
     standin->start(true, 0, withState ? dir + "/state.json" : "");
     standin->applyCrd();
     client = std::make_unique<kube::Client>(kube::loadKubeconfig(standin->kubeconfig()));
@@ -52,6 +53,7 @@ class OperatorIntegration : public ::testing::Test {
   }
 
   bool withState = false;
+  std::vector<std::string> standinArgs;  // set in the constructor
   bool startOperator = true;
   std::string dir;
   std::unique_ptr<StandIn> standin;

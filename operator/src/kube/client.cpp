@@ -113,11 +113,15 @@ void Client::cancelWatches() {
 
 json Client::request(const std::string& method, const std::string& pathAndQuery, const json* body,
                      const std::string& contentType) {
-  // Checked as late as possible: a process stopped (SIGSTOP, a frozen node) between this
-  // check and the send could still write, but not one stopped anywhere before it.
-  if (writeGuard_ && method != "GET")
-    if (std::string why = writeGuard_(); !why.empty())
-      throw ApiError(0, "NotLeader", "refused to " + method + " " + pathAndQuery + ": " + why);
+  // Checked before every send, a retry's too, as late as possible: a process stopped
+  // (SIGSTOP, a frozen node) between this check and the send could still write, but not
+  // one stopped anywhere before it.
+  auto guard = [&] {
+    if (writeGuard_ && method != "GET")
+      if (std::string why = writeGuard_(); !why.empty())
+        throw ApiError(0, "NotLeader", "refused to " + method + " " + pathAndQuery + ": " + why);
+  };
+  guard();
   http::http_request req(method);
   req.set_request_uri(pathAndQuery);
   req.headers().add("Accept", "application/json");
@@ -141,6 +145,7 @@ json Client::request(const std::string& method, const std::string& pathAndQuery,
         if (body) again.set_body(body->dump(), contentType);
         req = again;
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        guard();
         continue;
       }
       throw ApiError(0, "Transport", std::string("request ") + method + " " + pathAndQuery + " failed: " + e.what());

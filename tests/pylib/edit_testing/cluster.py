@@ -14,6 +14,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,10 +75,83 @@ class Failure(AssertionError):
     pass
 
 
+class TelemetryProxy:
+    """A TCP relay between the workers and the operator's telemetry port, which a test can
+    cut (block: open connections dropped, new ones closed at once) and mend (unblock), as a
+    network between the workers and the operator fails and heals."""
+
+    def __init__(self, target_port):
+        self.target = ("127.0.0.1", target_port)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(256)
+        self.port = self.sock.getsockname()[1]
+        self.blocked = threading.Event()
+        self.closed = threading.Event()
+        self.lock = threading.Lock()
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.closed.is_set():
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.blocked.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data or self.blocked.is_set():
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def block(self):
+        self.blocked.set()
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
+
+    def unblock(self):
+        self.blocked.clear()
+
+    def close(self):
+        self.closed.set()
+        self.block()
+        self.sock.close()
+
+
 class Cluster:
     """A stand-in (+kubelet), optionally an operator, in one temp dir."""
 
-    def __init__(self, nodes=1, state=True, prefix="edit-e2e-", tmp_dir=None, path_prepend=(), images=False):
+    def __init__(self, nodes=1, state=True, prefix="edit-e2e-", tmp_dir=None, path_prepend=(), images=False,
+                 standin_args=(), telemetry_proxy=False):
         self.tmp = tempfile.mkdtemp(prefix=prefix, dir=tmp_dir)
         self.images = images                 # the kubelet runs containers in their images
         self.path_prepend = [RUNTIME_DIR] + list(path_prepend)
@@ -93,6 +167,10 @@ class Cluster:
         self.port = 0
         self.trackers = []
         self.data_dir = None
+        self.standin_args = list(standin_args)  # e.g. ["--gc-delay", "4"]
+        # Workers reach the operator through a TelemetryProxy the test can cut.
+        self.telemetry_proxy = telemetry_proxy
+        self.proxy = None
 
     # ---- the stand-in -----------------------------------------------------------------
     def start_standin(self):
@@ -112,6 +190,7 @@ class Cluster:
             cmd.append("--kubelet-images")
         if self.state:
             cmd += ["--state", self.state]
+        cmd += self.standin_args
         with open(log, "ab") as f:
             self.standin = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
                                             env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
@@ -135,11 +214,16 @@ class Cluster:
             # The same telemetry address across operator restarts, as a Service would be.
             self.op_grpc_port = free_port()
         grpc = "127.0.0.1:%d" % self.op_grpc_port
+        advertise = grpc
+        if self.telemetry_proxy:
+            if self.proxy is None:
+                self.proxy = TelemetryProxy(self.op_grpc_port)
+            advertise = "127.0.0.1:%d" % self.proxy.port
         log = os.path.join(self.tmp, "operator-%d.log" % len(self.op_logs))
         self.op_logs.append(log)
         cmd = [OPERATOR, "--kubeconfig", self.kubeconfig, "--namespaces", ",".join(namespaces),
                "--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0",
-               "--grpc-addr", grpc, "--telemetry-advertise-addr", grpc, "--resync-seconds", "5"] + list(extra)
+               "--grpc-addr", grpc, "--telemetry-advertise-addr", advertise, "--resync-seconds", "5"] + list(extra)
         deadline = time.monotonic() + 30
         while True:
             with open(log, "ab") as f:
@@ -357,6 +441,8 @@ class Cluster:
     def close(self):
         for t in self.trackers:
             t.stop()
+        if self.proxy is not None:
+            self.proxy.close()
         self.stop_operator()
         self.stop_standin()
         if os.environ.get("EDIT_KEEP_TMP"):

@@ -117,6 +117,7 @@ void fail(PlanContext& c, const std::string& why, const std::string& msg, bool s
   clearRecovery(c, why, msg);
   clearDisruption(c, why, msg);
   clearScaling(c, why, msg);
+  c.endCondition(condition::TelemetryLost, why, msg);
   c.event(api::kWarning, why, msg);
   cleanup(c, stopRunning);
   scheduleTtl(c);
@@ -181,6 +182,7 @@ bool succeeded(PlanContext& c) {
   clearDisruption(c, reason::Completed, "job finished");
   clearScaling(c, reason::Completed, "job finished");
   c.endCondition(condition::Hung, reason::Completed, "job finished");
+  c.endCondition(condition::TelemetryLost, reason::Completed, "job finished");
   c.event(api::kNormal, reason::Succeeded, msg);
   mergeTelemetry(c);
   planLink(c);  // the run's final word on its link, for the next run's settings

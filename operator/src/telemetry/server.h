@@ -95,7 +95,7 @@ class TelemetryHub {
     std::string token;
     int restartGeneration = 0;
     int worldSize = 0;  // 0: unknown
-    JobTelemetry state;
+    JobTelemetry state{};  // braces: its constructor is explicit, and Job{} must still compile
     std::map<int, std::vector<edit::v1alpha1::Command>> pending;  // rank -> commands
     std::vector<edit::v1alpha1::Command> pendingAll;
     std::map<int, size_t> allDelivered;  // rank -> how many of pendingAll it got

@@ -107,8 +107,9 @@ def tokens_per_step(a):
 def write_report(a, cases, results, started):
     out = a.out
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out + ".json", "w") as f:
+    with open(out + ".json.tmp", "w") as f:  # renamed into place: an interruption never leaves half a file
         json.dump({"argv": a.argv, "cases": cases, "seeds": a.seed_list, "runs": results}, f, indent=1)
+    os.replace(out + ".json.tmp", out + ".json")
     def ref_of(c):
         """The reference case of c: --reference, or the case of that label in c's layout."""
         return a.reference if ":" in a.reference else f"{c['layout']}:{a.reference}"
@@ -209,6 +210,8 @@ def main(argv):
     p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     p.add_argument("--quick", action="store_true", help="2 seeds, 2 cases, 24 steps (smoke test)")
     p.add_argument("--check", action="store_true", help="exit non-zero unless every run succeeded")
+    p.add_argument("--resume", action="store_true", help="keep the successful runs in <out>.json (an interrupted "
+                                                         "run of the same cases) and run only the missing ones")
     a = p.parse_args(argv)
     a.argv = argv
     if a.quick:
@@ -233,10 +236,18 @@ def main(argv):
     a.tokens_per_step = tokens_per_step(a)
     started = time.strftime("%Y-%m-%d %H:%M")
     results = []
+    if a.resume and os.path.exists(a.out + ".json"):
+        keys, seeds = {c["key"] for c in cases}, set(a.seed_list)
+        results = [r for r in json.load(open(a.out + ".json"))["runs"]
+                   if r["ok"] and r["case"] in keys and r["seed"] in seeds]
+        log(f"resuming: {len(results)} runs kept from {a.out}.json")
+    done = {(r["case"], r["seed"]) for r in results}
     with tempfile.TemporaryDirectory(prefix="edit-seeds-") as tmp:
         # Seed-major: a machine that gets busier meanwhile slows every case alike.
         for seed in a.seed_list:
             for c in cases:
+                if (c["key"], seed) in done:
+                    continue
                 t0 = time.monotonic()
                 r = run_one(a, c, seed, tmp)
                 r.update(case=c["key"], seed=seed)

@@ -212,6 +212,27 @@ int runWithLease(kube::Client& client, kube::Client& leaseClient, leader::Leader
   return elector.run(startControllers, g_stop) ? 0 : 1;
 }
 
+// Runs the controllers until SIGTERM, or with leader election while this replica holds
+// the Lease (the elector and its client are the caller's: they must outlive the controllers).
+int lead(const Flags& flags, const kube::KubeConfig& kc, const std::string& identity, kube::Client& client,
+         const leader::OwnPod& ownPod, metrics::Metrics& metricsReg, const std::function<void()>& startControllers,
+         std::unique_ptr<kube::Client>& leaseClient, std::unique_ptr<leader::LeaderElector>& elector) {
+  if (!flags.leaderElect) {
+    startControllers();
+    while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    leader::setLeaderLabel(client, ownPod, false);
+    return 0;
+  }
+  leaseClient = std::make_unique<kube::Client>(kc);
+  leaseClient->setUserAgent("edit-operator (" + identity + ")");
+  leader::LeaseSettings ls;
+  ls.ns = flags.leaseNamespace.empty() ? kc.defaultNamespace : flags.leaseNamespace;
+  ls.name = flags.leaseName;
+  ls.identity = identity;
+  elector = std::make_unique<leader::LeaderElector>(*leaseClient, ls);
+  return runWithLease(client, *leaseClient, *elector, ownPod, metricsReg, startControllers);
+}
+
 int serve(const Flags& flags, const telemetry::ServerTls& telemetryTls) {
   kube::KubeConfig kc = kube::resolveConfig(flags.kubeconfig);
   const std::string identity = leader::defaultIdentity();
@@ -266,11 +287,9 @@ int serve(const Flags& flags, const telemetry::ServerTls& telemetryTls) {
     }
   });
 
-  bool leading = false;
   std::thread starter;
   // Returns at once: the elector keeps renewing while the caches sync.
   auto startControllers = [&] {
-    leading = true;
     metricsReg.setLeader(true);
     hub.setServing(true);
     leader::setLeaderLabel(client, ownPod, true);
@@ -286,24 +305,10 @@ int serve(const Flags& flags, const telemetry::ServerTls& telemetryTls) {
     });
   };
 
-  int rc = 0;
   // Outlive the controller threads: their writes ask the elector (the write guard).
   std::unique_ptr<kube::Client> leaseClient;
   std::unique_ptr<leader::LeaderElector> elector;
-  if (flags.leaderElect) {
-    leaseClient = std::make_unique<kube::Client>(kc);
-    leaseClient->setUserAgent("edit-operator (" + identity + ")");
-    leader::LeaseSettings ls;
-    ls.ns = flags.leaseNamespace.empty() ? kc.defaultNamespace : flags.leaseNamespace;
-    ls.name = flags.leaseName;
-    ls.identity = identity;
-    elector = std::make_unique<leader::LeaderElector>(*leaseClient, ls);
-    rc = runWithLease(client, *leaseClient, *elector, ownPod, metricsReg, startControllers);
-  } else {
-    startControllers();
-    while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (leading) leader::setLeaderLabel(client, ownPod, false);
-  }
+  const int rc = lead(flags, kc, identity, client, ownPod, metricsReg, startControllers, leaseClient, elector);
   g_stop = true;
   if (starter.joinable()) starter.join();
   log::info("shutting down");

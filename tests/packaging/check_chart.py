@@ -17,15 +17,17 @@ JOB_RULES = {
     ("edit.io", "editjobs/status"): {"update"},
     ("edit.io", "editjobs/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "delete", "patch"},
-    ("", "services"): {"create"},
-    ("", "configmaps"): {"create"},
-    ("", "secrets"): {"get", "create"},
+    ("", "services"): {"create", "get"},
+    ("", "configmaps"): {"create", "get"},
     ("", "events"): {"create"},
 }
 PODGROUP_RULES = {
-    ("scheduling.volcano.sh", "podgroups"): {"create", "patch"},
-    ("scheduling.x-k8s.io", "podgroups"): {"create", "patch"},
+    ("scheduling.volcano.sh", "podgroups"): {"create", "get", "patch"},
+    ("scheduling.x-k8s.io", "podgroups"): {"create", "get", "patch"},
 }
+NETWORKPOLICY_RULES = {("networking.k8s.io", "networkpolicies"): {"create", "get"}}
+# The telemetry tokens: only where jobs run (a Role per watched namespace).
+SECRET_RULES = {("", "secrets"): {"get", "create"}}
 # In the release namespace: the Lease, and the leader's label on its own pod.
 LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update"}, ("", "pods"): {"patch"}}
 def leader_label():
@@ -145,20 +147,33 @@ def check_rbac(docs, values, problems):
         want[("scheduling.volcano.sh", "podgroups")] = PODGROUP_RULES[("scheduling.volcano.sh", "podgroups")]
     if gang.get("coscheduling"):
         want[("scheduling.x-k8s.io", "podgroups")] = PODGROUP_RULES[("scheduling.x-k8s.io", "podgroups")]
-    roles = by_kind(docs, "ClusterRole")
-    if len(roles) != 1 or flatten_rules(roles[0]) != want:
-        problems.append(f"ClusterRole rules {[flatten_rules(r) for r in roles]}, want {want}")
-    leases = by_kind(docs, "Role")
+    if values.get("networkPolicy", {}).get("enabled"):
+        want.update(NETWORKPOLICY_RULES)
+    namespaces = values.get("namespaces", [])
+    roles = {r["metadata"]["name"].rsplit("-", 1)[-1]: r for r in by_kind(docs, "ClusterRole")}
+    if sorted(roles) != (["jobs"] if namespaces else ["jobs", "secrets"]) or flatten_rules(roles["jobs"]) != want:
+        problems.append(f"ClusterRoles {sorted(roles)}: rules {[flatten_rules(r) for r in roles.values()]}, want "
+                        f"{want}" + ("" if namespaces else f" and {SECRET_RULES}"))
+    if not namespaces and "secrets" in roles and flatten_rules(roles["secrets"]) != SECRET_RULES:
+        problems.append(f"Secrets ClusterRole {flatten_rules(roles['secrets'])}, want {SECRET_RULES}")
+    leases = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")]
     if len(leases) != 1 or flatten_rules(leases[0]) != LEASE_RULES or leases[0]["metadata"]["namespace"] != "edit-system":
         problems.append(f"leader election Role: {[flatten_rules(r) for r in leases]}, want {LEASE_RULES} in edit-system")
-    namespaces = values.get("namespaces", [])
+    secret_roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-secrets")]
+    if sorted(r["metadata"]["namespace"] for r in secret_roles) != sorted(namespaces) or \
+            any(flatten_rules(r) != SECRET_RULES for r in secret_roles):
+        problems.append(f"Secrets Roles in {[r['metadata']['namespace'] for r in secret_roles]}, want {SECRET_RULES} "
+                        f"in each of {namespaces} and nowhere else")
     crbs, rbs = by_kind(docs, "ClusterRoleBinding"), by_kind(docs, "RoleBinding")
     job_rbs = sorted(b["metadata"]["namespace"] for b in rbs if b["roleRef"]["kind"] == "ClusterRole")
+    secret_rbs = sorted(b["metadata"]["namespace"] for b in rbs if b["roleRef"]["name"].endswith("-secrets"))
     if namespaces:
-        if crbs or job_rbs != sorted(namespaces):
-            problems.append(f"with namespaces {namespaces}: RoleBindings in {job_rbs}, ClusterRoleBindings {len(crbs)}")
-    elif len(crbs) != 1 or job_rbs:
-        problems.append("without namespaces: one ClusterRoleBinding and no job RoleBindings expected")
+        if crbs or job_rbs != sorted(namespaces) or secret_rbs != sorted(namespaces):
+            problems.append(f"with namespaces {namespaces}: job RoleBindings in {job_rbs}, Secrets RoleBindings in "
+                            f"{secret_rbs}, ClusterRoleBindings {len(crbs)}")
+    elif sorted(b["roleRef"]["name"].rsplit("-", 1)[-1] for b in crbs) != ["jobs", "secrets"] or job_rbs or secret_rbs:
+        problems.append("without namespaces: ClusterRoleBindings for the jobs and the Secrets ClusterRoles and no "
+                        "RoleBindings to them expected")
     sa = [d["metadata"]["name"] for d in by_kind(docs, "ServiceAccount")]
     for b in crbs + rbs:
         if [s["name"] for s in b["subjects"]] != sa:
@@ -242,7 +257,7 @@ def check_as_dependency(problems):
             return
     deps = by_kind(docs, "Deployment")
     names = sorted(d["metadata"]["name"] for d in docs if d["kind"] in ("Deployment", "ServiceAccount", "ClusterRole"))
-    if names != ["ml-trainer", "ml-trainer", "ml-trainer-jobs"]:
+    if names != ["ml-trainer", "ml-trainer", "ml-trainer-jobs", "ml-trainer-secrets"]:
         problems.append(f"as a dependency: fullnameOverride ml-trainer not used: {names}")
     if deps and deps[0]["metadata"]["labels"].get("app.kubernetes.io/name") != "trainer":
         problems.append(f"as a dependency: nameOverride trainer not in the labels {deps[0]['metadata']['labels']}")

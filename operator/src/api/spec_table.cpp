@@ -80,38 +80,40 @@ const json* member(const json& obj, const char* key) {
   return it == obj.end() || it->is_null() ? nullptr : &*it;
 }
 
-}  // namespace
+using K = FieldKind;
 
-std::vector<SpecField> specFields(EDiTJobSpec& s) {
-  std::vector<SpecField> f;
-  using K = FieldKind;
-  // With a default: the member's initial value.
-  auto def = [&](const char* p, K k, void* v, FieldRule r, const char* d) { f.push_back({p, k, v, r, d, true, false}); };
-  auto opt = [&](const char* p, K k, void* v, FieldRule r, const char* d) { f.push_back({p, k, v, r, d, false, false}); };
-  def("replicas", K::I32, &s.replicas, ints(1, kMaxWorldSize),
+// Appends rows to the table; def: with a default (the member's initial value).
+struct Rows {
+  std::vector<SpecField>& f;
+  void def(const char* p, K k, void* v, FieldRule r, const char* d) { f.push_back({p, k, v, r, d, true, false}); }
+  void opt(const char* p, K k, void* v, FieldRule r, const char* d) { f.push_back({p, k, v, r, d, false, false}); }
+};
+
+void podRows(Rows& r, EDiTJobSpec& s) {
+  r.def("replicas", K::I32, &s.replicas, ints(1, kMaxWorldSize),
       "Number of model replicas M: the size of each sync group. Replicas train independently and synchronize every "
       "syncInterval steps (or syncSeconds for A-EDiT). World size = replicas * shardsPerReplica. May change on a "
       "running job (kubectl scale ej/NAME --replicas=M): every mode but ddp scales in place at the next sync round - "
       "new replicas copy the state from their peers, leaving replicas stop at a round boundary; a ddp job applies it "
       "at its next (re)start. On a suspended or pending job it applies when the workers start. status.replicas says "
       "how many train now.");
-  def("shardsPerReplica", K::I32, &s.shardsPerReplica, ints(1, 1024),
+  r.def("shardsPerReplica", K::I32, &s.shardsPerReplica, ints(1, 1024),
       "Number of shards N per replica: the ZeRO-3 shard group size. The pods of one replica talk every step and are "
       "packed together (same node where they fit); replicas are spread over nodes.");
-  def("gpusPerWorker", K::I32, &s.gpusPerWorker, ints(0, 64),
+  r.def("gpusPerWorker", K::I32, &s.gpusPerWorker, ints(0, 64),
       "GPUs per worker pod (nvidia.com/gpu). 0 runs on CPU with Gloo; more than 0 uses NCCL and needs a CUDA "
       "runtime image.");
-  f.push_back({"image", K::Str, &s.image, text(1, 512),
+  r.f.push_back({"image", K::Str, &s.image, text(1, 512),
                "Container image of the workers (the runtime image, which holds edit-train).", false, true});
-  opt("imagePullPolicy", K::Str, &s.imagePullPolicy, oneOf({"Always", "IfNotPresent", "Never"}),
+  r.opt("imagePullPolicy", K::Str, &s.imagePullPolicy, oneOf({"Always", "IfNotPresent", "Never"}),
       "Pull policy of the worker image; unset uses the Kubernetes default.");
-  opt("priorityClassName", K::Str, &s.priorityClassName, text(0, 253), "PriorityClass of the worker pods.");
-  opt("schedulerName", K::Str, &s.schedulerName, text(0, 253),
+  r.opt("priorityClassName", K::Str, &s.priorityClassName, text(0, 253), "PriorityClass of the worker pods.");
+  r.opt("schedulerName", K::Str, &s.schedulerName, text(0, 253),
       "Scheduler of the worker pods. \"volcano\" or the coscheduling plugin's scheduler makes the operator create a "
       "PodGroup (gang scheduling: all workers or none) when the operator is installed with gang scheduling.");
-  opt("serviceAccountName", K::Str, &s.serviceAccountName, text(0, 253), "ServiceAccount of the worker pods.");
-  def("masterPort", K::I32, &s.masterPort, ints(1, 65535), "TCP port of the rendezvous store on rank 0 (MASTER_PORT).");
-  def("hangTimeoutSeconds", K::I64, &s.hangTimeoutSeconds, ints(0, 86400),
+  r.opt("serviceAccountName", K::Str, &s.serviceAccountName, text(0, 253), "ServiceAccount of the worker pods.");
+  r.def("masterPort", K::I32, &s.masterPort, ints(1, 65535), "TCP port of the rendezvous store on rank 0 (MASTER_PORT).");
+  r.def("hangTimeoutSeconds", K::I64, &s.hangTimeoutSeconds, ints(0, 86400),
       "No training step on any worker for this long is a hang (condition Hung). Workers that fell silent while the "
       "others report (stopped, frozen) are killed and replaced in place, or the gang restarts from its newest "
       "checkpoint where that is not possible. While every worker still reports (a cut between replicas, a "
@@ -119,69 +121,84 @@ std::vector<SpecField> specFields(EDiTJobSpec& s) {
       "runtime.collectiveTimeoutSeconds plus, with in-place recovery, runtime.rendezvousTimeoutSeconds, plus 60 s. "
       "No report from any worker (the operator cut off or restarting) is the TelemetryLost condition, never a "
       "restart. 0 disables hang detection.");
-  opt("terminationGracePeriodSeconds", K::OptI64, &s.terminationGracePeriodSeconds, ints(0, 86400),
+  r.opt("terminationGracePeriodSeconds", K::OptI64, &s.terminationGracePeriodSeconds, ints(0, 86400),
       "Seconds a worker pod gets between SIGTERM (drain, preemption, suspend, a gang restart) and SIGKILL: the "
       "workers write a checkpoint on SIGTERM, and one killed before it finished resumes from the newest complete "
       "one (event ResumedFromOlderCheckpoint). Unset: 30 s plus the time a worker's share of the model, its "
       "optimizer and outer state takes at 50 MB/s (4 x 6 bytes per parameter / shardsPerReplica; 4 x 4 under "
       "ddp), e.g. 30 s for tiny.");
   // Volume claims in the worker sections: the operator mounts them, the workers see paths.
-  opt("data.pvc", K::Str, &s.dataPvc, text(1, 253),
+  r.opt("data.pvc", K::Str, &s.dataPvc, text(1, 253),
       "PersistentVolumeClaim holding the token files, mounted read-only at /data in every worker. Unset: the files "
       "must be in the image or a volume.");
-  opt("checkpoint.pvc", K::Str, &s.checkpointPvc, text(1, 253),
+  r.opt("checkpoint.pvc", K::Str, &s.checkpointPvc, text(1, 253),
       "PersistentVolumeClaim for checkpoints (ReadWriteMany), mounted at /checkpoints in every worker.");
-  if (s.exportModel) {
-    auto& e = *s.exportModel;
-    f.push_back({"export.path", K::Str, &e.path, text(1, 1024),
-                 "Directory to write, relative to the checkpoint volume - the claim's mount (/checkpoints) with "
-                 "checkpoint.pvc, else the volumeMount that holds checkpoint.dir, else the directory that holds "
-                 "checkpoint.dir. Replaced when it exists; it must not hold the checkpoint.",
-                 false, true});
-    def("export.dtype", K::Str, &e.dtype, oneOf({"f32", "bf16"}),
-        "Tensor type of model.safetensors - f32 (exact) or bf16 (rounded to nearest even, half the size).");
-    def("export.weights", K::Str, &e.weights, oneOf({"auto", "outer", "replica"}),
-        "Which weights - auto (the outer, synchronized weights when the checkpoint has them, else replica 0's), outer "
-        "(refused when the checkpoint has none - warm-up or ddp), or replica (replica 0's local weights). At the "
-        "final checkpoint all three are the same model.");
-  }
-  auto& rp = s.runPolicy;
-  def("runPolicy.backoffLimit", K::I32, &rp.backoffLimit, ints(0, 1000),
+}
+
+void exportRows(Rows& r, ExportSpec& e) {
+  r.f.push_back({"export.path", K::Str, &e.path, text(1, 1024),
+               "Directory to write, relative to the checkpoint volume - the claim's mount (/checkpoints) with "
+               "checkpoint.pvc, else the volumeMount that holds checkpoint.dir, else the directory that holds "
+               "checkpoint.dir. Replaced when it exists; it must not hold the checkpoint.",
+               false, true});
+  r.def("export.dtype", K::Str, &e.dtype, oneOf({"f32", "bf16"}),
+      "Tensor type of model.safetensors - f32 (exact) or bf16 (rounded to nearest even, half the size).");
+  r.def("export.weights", K::Str, &e.weights, oneOf({"auto", "outer", "replica"}),
+      "Which weights - auto (the outer, synchronized weights when the checkpoint has them, else replica 0's), outer "
+      "(refused when the checkpoint has none - warm-up or ddp), or replica (replica 0's local weights). At the "
+      "final checkpoint all three are the same model.");
+}
+
+void runPolicyRows(Rows& r, RunPolicy& rp) {
+  r.def("runPolicy.backoffLimit", K::I32, &rp.backoffLimit, ints(0, 1000),
       "Gang restarts plus in-place replica recoveries allowed before the job is marked Failed. Those caused by a "
       "disruption (eviction, node drain, preemption) are not counted.");
-  opt("runPolicy.activeDeadlineSeconds", K::OptI64, &rp.activeDeadlineSeconds,
+  r.opt("runPolicy.activeDeadlineSeconds", K::OptI64, &rp.activeDeadlineSeconds,
       ints(1, std::numeric_limits<int64_t>::max()),
       "Seconds the job may run (from its start) before it is marked Failed.");
-  opt("runPolicy.ttlSecondsAfterFinished", K::OptI64, &rp.ttlSecondsAfterFinished, ints(0, kI32Max),
+  r.opt("runPolicy.ttlSecondsAfterFinished", K::OptI64, &rp.ttlSecondsAfterFinished, ints(0, kI32Max),
       "Seconds after Succeeded or Failed before the job is deleted; unset keeps it.");
-  opt("runPolicy.scheduleTimeoutSeconds", K::OptI64, &rp.scheduleTimeoutSeconds, ints(1, kI32Max),
+  r.opt("runPolicy.scheduleTimeoutSeconds", K::OptI64, &rp.scheduleTimeoutSeconds, ints(1, kI32Max),
       "Seconds a worker pod may wait to start (unschedulable, an image that cannot be pulled, a claim that does "
       "not bind, a missing Secret or ConfigMap key, a quota, a scheduling gate) before the job is marked Failed "
       "with the pod's reason; counted from the pod's creation. Unset waits for ever (the PodsReady condition and "
       "a Warning event still name the pod and why).");
-  def("runPolicy.cleanPodPolicy", K::Str, &rp.cleanPodPolicy, oneOf({"All", "Running", "None"}),
+  r.def("runPolicy.cleanPodPolicy", K::Str, &rp.cleanPodPolicy, oneOf({"All", "Running", "None"}),
       "Pods deleted when the job finishes - All, only those still Running, or None (keep every pod for "
       "inspection).");
-  def("runPolicy.suspend", K::Bool, &rp.suspend, {},
+  r.def("runPolicy.suspend", K::Bool, &rp.suspend, {},
       "true deletes the pods (after a checkpoint request) and keeps the job Suspended; false resumes it from the "
       "newest checkpoint.");
-  def("runPolicy.replicaRecovery", K::Str, &rp.replicaRecovery, oneOf({"InPlace", "GangRestart"}),
+  r.def("runPolicy.replicaRecovery", K::Str, &rp.replicaRecovery, oneOf({"InPlace", "GangRestart"}),
       "What a failed worker costs. InPlace recreates only the failed pods, which rejoin the running job while the "
       "others wait (falls back to a gang restart for mode ddp and for workers that exit 75 or 143). GangRestart "
       "restarts every pod from the newest checkpoint. Both count against backoffLimit.");
-  auto& sp = s.stragglerPolicy;
+}
+
+void stragglerRows(Rows& r, StragglerPolicy& sp) {
   // Over 1: at 1 every rank slower than the median would be a straggler.
-  def("stragglerPolicy.threshold", K::F64, &sp.threshold, number(1, true, 100),
+  r.def("stragglerPolicy.threshold", K::F64, &sp.threshold, number(1, true, 100),
       "A worker whose mean step time over the window is more than this times the job's median is a straggler (its "
       "straggler score).");
-  def("stragglerPolicy.windowSteps", K::I32, &sp.windowSteps, ints(1, 10000), "Steps over which step times are averaged.");
-  def("stragglerPolicy.action", K::Str, &sp.action, oneOf({"Report", "Replace"}),
+  r.def("stragglerPolicy.windowSteps", K::I32, &sp.windowSteps, ints(1, 10000), "Steps over which step times are averaged.");
+  r.def("stragglerPolicy.action", K::Str, &sp.action, oneOf({"Report", "Replace"}),
       "Report only sets the StragglerDetected condition, events and metrics; Replace also recreates the worker away "
       "from its node (its replica rejoins at the next sync).");
   // No schema default: it follows windowSteps (parseSpec).
-  opt("stragglerPolicy.minReports", K::I32, &sp.minReports, ints(1, 10000),
+  r.opt("stragglerPolicy.minReports", K::I32, &sp.minReports, ints(1, 10000),
       "Reports a worker must have sent inside the window before it is scored (default 5, or windowSteps when that "
       "is smaller).");
+}
+
+}  // namespace
+
+std::vector<SpecField> specFields(EDiTJobSpec& s) {
+  std::vector<SpecField> f;
+  Rows r{f};
+  podRows(r, s);
+  if (s.exportModel) exportRows(r, *s.exportModel);
+  runPolicyRows(r, s.runPolicy);
+  stragglerRows(r, s.stragglerPolicy);
   return f;
 }
 

@@ -237,27 +237,44 @@ std::string describeSteps(const std::string& root) {
   return s.empty() ? "none" : s;
 }
 
-}  // namespace
-
-Model loadCheckpoint(const Source& src, const std::function<void(const std::string&)>& log) {
+// The step directory to read: the one given, the --step asked for, or the newest complete.
+std::string resolveStepDir(const Source& src) {
   const fs::path root(src.checkpoint);
   std::error_code ec;
   if (!fs::is_directory(root, ec)) throw ExportError(src.checkpoint + ": no such checkpoint directory");
-  std::string stepDir;
-  if (fs::exists(root / "MANIFEST")) {
-    stepDir = root.string();
-  } else if (src.step >= 0) {
-    stepDir = stepDirName(root.string(), src.step);
+  if (fs::exists(root / "MANIFEST")) return root.string();
+  if (src.step >= 0) {
+    std::string stepDir = stepDirName(root.string(), src.step);
     if (!fs::exists(fs::path(stepDir) / "MANIFEST"))
       throw ExportError(stepDir + ": no complete checkpoint at step " + std::to_string(src.step) +
                         " (no MANIFEST); complete steps: " + describeSteps(root.string()));
-  } else {
-    const auto steps = completeCheckpointSteps(root.string());
-    if (steps.empty())
-      throw ExportError(src.checkpoint + ": no complete checkpoint (no step-*/MANIFEST); pass checkpoint.dir "
-                        "or one step-XXXXXXXX directory");
-    stepDir = stepDirName(root.string(), steps.front());
+    return stepDir;
   }
+  const auto steps = completeCheckpointSteps(root.string());
+  if (steps.empty())
+    throw ExportError(src.checkpoint + ": no complete checkpoint (no step-*/MANIFEST); pass checkpoint.dir "
+                      "or one step-XXXXXXXX directory");
+  return stepDirName(root.string(), steps.front());
+}
+
+// Whether to export the outer (synchronized) weights rather than the replica's own.
+bool exportOuter(Weights w, bool hasOuter, const std::string& stepDir) {
+  switch (w) {
+    case Weights::Outer:
+      if (!hasOuter)
+        throw ExportError(stepDir + ": holds no outer weights (saved during warm-up or in ddp mode); "
+                          "use --weights replica");
+      return true;
+    case Weights::Replica: return false;
+    case Weights::Auto: return hasOuter;
+  }
+  return hasOuter;
+}
+
+}  // namespace
+
+Model loadCheckpoint(const Source& src, const std::function<void(const std::string&)>& log) {
+  const std::string stepDir = resolveStepDir(src);
   const Manifest man = readManifest(stepDir);
   const std::string manifestPath = (fs::path(stepDir) / "MANIFEST").string();
   if (src.step >= 0 && man.step != src.step)
@@ -306,17 +323,7 @@ Model loadCheckpoint(const Source& src, const std::function<void(const std::stri
                       " parameters, but the configuration in the MANIFEST describes " +
                       std::to_string(static_cast<int64_t>(params)));
   const bool hasOuter = meta(first, "meta/outerReady", firstFile) > 0 && first.count("unit0/outer");
-  bool outer = false;
-  switch (src.weights) {
-    case Weights::Outer:
-      if (!hasOuter)
-        throw ExportError(stepDir + ": holds no outer weights (saved during warm-up or in ddp mode); "
-                          "use --weights replica");
-      outer = true;
-      break;
-    case Weights::Replica: outer = false; break;
-    case Weights::Auto: outer = hasOuter; break;
-  }
+  const bool outer = exportOuter(src.weights, hasOuter, stepDir);
   const std::string key = outer ? "outer" : "theta";
   if (log)
     log("reading " + stepDir + " (" + std::to_string(M) + " x " + std::to_string(N) + "): " +

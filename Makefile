@@ -8,7 +8,7 @@ BUILD ?= build
 JOBS  ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build runtime data quickstart test test-unit sanitize images clean
+.PHONY: deps configure build runtime data quickstart test test-unit sanitize tsan images clean
 
 deps:
 	scripts/install-deps.sh
@@ -29,14 +29,17 @@ data: runtime
 quickstart: data
 	$(BUILD)/runtime/edit-run --nproc 4 --config examples/local/tiny.yaml
 
-# ASan+UBSan unit tests and bounded fuzzing run first, so ctest's summary of the whole
-# suite is the last line of the output. Label image is left to `make images`: it checks
+# ASan+UBSan unit tests, bounded fuzzing and the ThreadSanitizer run of the job store
+# first, so ctest's summary of the whole suite is the last line of the output. Label image is left to `make images`: it checks
 # images that make test does not build (ones on the machine may be stale).
-test: build data sanitize
+test: build data sanitize tsan
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900 -LE image
 
 sanitize: deps
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-10} scripts/ci-sanitize.sh
+
+tsan: deps
+	scripts/ci-tsan.sh
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit

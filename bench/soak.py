@@ -97,8 +97,7 @@ class Shape:
 
     def manifest(self, name, ns, ckpt, steps, replicas, shards):
         m = job_manifest(name, ns, self.data_dir, ckpt, free_port(), steps=steps, every=self.every,
-                           replicas=replicas, shards=shards, backoff=1000, hang=HANG_TIMEOUT,
-                           env=[{"name": "EDIT_METRICS_PORT", "value": "-1"}])
+                           replicas=replicas, shards=shards, backoff=1000, hang=HANG_TIMEOUT)
         spec = m["spec"]
         if self.name == "tiny":
             t = tiny_spec(self.data_dir, steps)

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import admission
@@ -399,7 +400,12 @@ class Handler(BaseHTTPRequestHandler):
         obj = self._object_body(req)
         st = self.server.store
         if self._dry_run():
-            obj.setdefault("metadata", {})["namespace"] = req.namespace
+            # As a real server's dry run: the object as it would be stored, with a UID and a
+            # creation time that are never persisted (admission plugins may read them).
+            md = obj.setdefault("metadata", {})
+            md["namespace"] = req.namespace
+            md["uid"] = str(uuid.uuid4())
+            md["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             return self._send_json(201, st.admit("create", req.rt, obj, None, None))
         return self._send_json(201, self._out(req.rt, st.create(req.rt, req.namespace, obj)))
 

@@ -204,7 +204,10 @@ class DeleteAndApplyAgain(Base):
     standin_args = ("--gc-delay", "5")
 
     def test_delete_then_apply_at_once_trains_to_succeeded(self):
-        self.start_job(steps=40)
+        # 1 s a step: the first job is still training when it is deleted (unpaced, the 40
+        # steps take about a second, and status shows progress at most every 15 s), so
+        # the second has steps of its own to run and report.
+        self.start_job(steps=40, extra_spec="  debug:\n    injectStepDelay:\n      rank: 0\n      seconds: 1.0\n")
         self.c.wait_step(self.ns, self.name, 5, 180)
         first = self.c.job(self.ns, self.name)["metadata"]["uid"]
         self.c.kubectl("delete", "ej/" + self.name, "-n", self.ns)
@@ -217,7 +220,8 @@ class DeleteAndApplyAgain(Base):
         self.assertEqual(w.returncode, 0, "kubectl wait failed: %s%s\n%s\n%s" % (
             w.stdout, w.stderr, json.dumps(self.c.job(self.ns, self.name).get("status"), indent=1), self.c.diagnostics()))
         st = self.c.job(self.ns, self.name)["status"]
-        self.assertEqual(st["progress"]["step"], 40, st)
+        self.assertEqual(st.get("progress", {}).get("step"), 40,
+                         json.dumps(st, indent=1) + "\n" + self.c.diagnostics())
         # What it ran on is its own: its token's Secret, its config, its pods.
         for path in ("secrets/%s-telemetry" % self.name, "configmaps/%s-config" % self.name):
             refs = self.c.get("/api/v1/namespaces/%s/%s" % (self.ns, path))["metadata"]["ownerReferences"]

@@ -135,7 +135,7 @@ class WorkerFaults(FaultCase):
         and a Warning event ResumedFromOlderCheckpoint says how far back. A drain is a
         disruption: no restart and no budget spent. PACED."""
         self.start(debug=PACED, extra_spec={"terminationGracePeriodSeconds": 0})
-        pod0 = self.c.get("/api/v1/namespaces/%s/pods/%s" % (self.ns, self.pod(0)))
+        pod0 = self.c.running_pods(self.ns, self.name, WORLD)[0]  # start() returns before the pods exist
         self.assertEqual(pod0["spec"]["terminationGracePeriodSeconds"], 0)
         self.wait_checkpoint(16)
         reached = self.wait_step(20)["progress"]["step"]

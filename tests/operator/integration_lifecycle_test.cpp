@@ -222,10 +222,14 @@ TEST_F(OperatorIntegration, RefusedPodIsAFailedCreateEvent) {
   // Retries that fail the same way do not add an event each.
   std::this_thread::sleep_for(std::chrono::seconds(3));
   int n = 0;
+  json seen = json::array();
   const json events = client->list(res::Events, "default")["items"];
   for (const auto& e : events)
-    if (e["involvedObject"].value("name", "") == "rooted" && e.value("reason", "") == "FailedCreate") n++;
-  EXPECT_EQ(n, 1);
+    if (e["involvedObject"].value("name", "") == "rooted" && e.value("reason", "") == "FailedCreate") {
+      n++;
+      seen.push_back(e);
+    }
+  EXPECT_EQ(n, 1) << seen.dump(2);
 }
 
 // The chart passes ':PORT' (every IPv4 address); bad addresses stop the operator at

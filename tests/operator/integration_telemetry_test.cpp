@@ -162,13 +162,20 @@ TEST_F(OperatorIntegration, WrongTokenIsRejected) {
   EXPECT_EQ(op->logs().find(token(*client, "sec")), std::string::npos);  // tokens are never logged
 }
 
+// A hang: rank 1 fell silent (stopped, frozen) while rank 0 keeps reporting the same step
+// (it waits for rank 1 in a collective). Under GangRestart the gang restarts. (Every
+// worker silent is TelemetryLost, never a restart: test_hang_faults.py.)
 TEST_F(OperatorIntegration, HungJobRestartsGang) {
-  client->create(res::EDiTJobs, "default", telemetryJob("hang", 2, {{"hangTimeoutSeconds", 2}}));
+  json j0 = telemetryJob("hang", 2, {{"hangTimeoutSeconds", 2}});
+  j0["spec"]["runPolicy"]["replicaRecovery"] = "GangRestart";
+  client->create(res::EDiTJobs, "default", j0);
   ASSERT_TRUE(waitPhase("hang", "Running"));
   std::string tok = token(*client, "hang");
   for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(stream(op->grpcAddr, {report("hang", tok, rank, 3, 0.1)}).ok());
-  ASSERT_TRUE(waitFor([&] { return job("hang")["status"].value("restarts", 0) >= 1; }, std::chrono::seconds(30)))
-      << job("hang").dump(2);
+  ASSERT_TRUE(waitFor([&] {
+    EXPECT_TRUE(stream(op->grpcAddr, {report("hang", tok, 0, 3, 0.1)}).ok());  // alive, no progress
+    return job("hang")["status"].value("restarts", 0) >= 1;
+  }, std::chrono::seconds(30))) << job("hang").dump(2);
   // A hung gang is deleted without a grace period, so the new one may already be running:
   // the Hung condition is then False/Recovered. Either way the restart was for the hang.
   json j = job("hang");

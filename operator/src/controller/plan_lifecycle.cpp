@@ -272,7 +272,8 @@ bool watchPodsStarting(PlanContext& c) {
     const bool fresh = !before || before->status != api::CondStatus::False || problemKind(before->reason) != problemKind(why);
     c.cond(condition::PodsReady, CondStatus::False, why, msg);
     c.st.message = msg;
-    if (fresh) c.event(api::kWarning, why, msg);
+    // A refused create has its event already: the reconciler records it when the API refuses.
+    if (fresh && why != reason::FailedCreate) c.event(api::kWarning, why, msg);
   } else if (before && before->status == api::CondStatus::False && !oldest) {
     c.cond(condition::PodsReady, CondStatus::True, reason::PodsStarted, "every worker pod started");
   }

@@ -7,6 +7,7 @@ Run one case:  PYTHONPATH=tests/pylib python3 tests/faults/test_worker_faults.py
 import json
 import os
 import time
+import urllib.parse
 
 from fault_case import PACED, STEPS, SYNC, WORLD, FaultCase, RecoveryClock
 from edit_testing.ckpt import checkpoints
@@ -130,8 +131,9 @@ class WorkerFaults(FaultCase):
     def test_drain_shorter_than_a_checkpoint(self):
         """Every pod evicted (a node drain) with a grace period that leaves no time for the
         checkpoint on SIGTERM (spec.terminationGracePeriodSeconds 0: killed at once): the
-        gang is created again and resumes from the newest periodic checkpoint, not step 0.
-        A drain is a disruption: no restart and no budget spent. PACED."""
+        gang is created again and resumes from the newest periodic checkpoint, not step 0,
+        and a Warning event ResumedFromOlderCheckpoint says how far back. A drain is a
+        disruption: no restart and no budget spent. PACED."""
         self.start(debug=PACED, extra_spec={"terminationGracePeriodSeconds": 0})
         pod0 = self.c.running_pods(self.ns, self.name, WORLD)[0]  # start() returns before the pods exist
         self.assertEqual(pod0["spec"]["terminationGracePeriodSeconds"], 0)
@@ -154,11 +156,14 @@ class WorkerFaults(FaultCase):
         self.assertLess(resumed[-1], reached + 8)
         cks = checkpoints(self.ckpt)
         self.assertEqual(cks[-1][0], STEPS, cks)
-        # The Warning event ResumedFromOlderCheckpoint is not asserted: when the pods are
-        # evicted one after another, the first evictions start in-place recoveries, and the
-        # operator's comparison of the step reached with the resumed one misses (seen:
-        # drained at step >= 20, resumed from 16, no event). docs/status.md, "Faults".
-        print("drained at step >= %d, resumed from %d" % (reached, resumed[-1]))
+        evs = self.c.get("/api/v1/namespaces/%s/events?fieldSelector=%s" % (
+            self.ns, urllib.parse.quote("involvedObject.name=" + self.name)))["items"]
+        older = [e for e in evs if e["reason"] == "ResumedFromOlderCheckpoint"]
+        self.assertEqual(len(older), 1, ("drained at step >= %d, resumed from %d; events: " % (reached, resumed[-1])) +
+                         str([(e["reason"], e["message"]) for e in evs]))
+        self.assertEqual(older[0]["type"], "Warning")
+        self.assertIn("resumed at step %d" % resumed[-1], older[0]["message"])
+        print("drained at step >= %d, resumed from %d: %s" % (reached, resumed[-1], older[0]["message"]))
 
 
 if __name__ == "__main__":

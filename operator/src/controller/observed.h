@@ -68,6 +68,7 @@ struct TelemetryView {
   bool hung = false;
   bool hungPastRecovery = false;
   int replicas = 0;  // replicas rank 0's world has, by its newest report (0: unknown)
+  long lowestStep = 0;  // the lowest step reported since the gang (re)started: where it resumed, + 1
   struct RankReport {
     std::string podUid;  // pod that sent the rank's newest report ("" if the worker does not say)
     long step = 0;

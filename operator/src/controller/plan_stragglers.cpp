@@ -62,14 +62,17 @@ void replaceStraggler(PlanContext& c, const ObservedPod& p, const std::string& r
 void mergeTelemetry(PlanContext& c) {
   const auto& t = c.in.telemetry;
   if (!t.present) return;
-  if (c.st.stoppedAtStep && t.progress.step > 0) {
+  // Not in the reconcile that stopped the gang: its telemetry is still the stopped gang's.
+  if (c.st.stoppedAtStep && t.lowestStep > 0 && !c.plan.resetTelemetry) {
     // The new gang's first reports: a worker reports after a step, so resuming from the
-    // stop's own checkpoint reports stoppedAtStep + 1 at most one step later.
-    const long lost = *c.st.stoppedAtStep - (t.progress.step - 1);
+    // stop's own checkpoint reports stoppedAtStep + 1 at most. The lowest step since the
+    // reset, not the newest progress: a reconcile may come only after several steps.
+    const long resumed = t.lowestStep - 1;
+    const long lost = *c.st.stoppedAtStep - resumed;
     if (lost > 1) {
       const long g = terminationGraceSeconds(JobRef{c.in.meta, *c.spec});
       c.event(api::kWarning, reason::ResumedFromOlderCheckpoint,
-              "the workers resumed at step " + std::to_string(t.progress.step - 1) + ", " + std::to_string(lost) +
+              "the workers resumed at step " + std::to_string(resumed) + ", " + std::to_string(lost) +
                   " steps before step " + std::to_string(*c.st.stoppedAtStep) +
                   " that the stopped gang reached: its newest complete checkpoint is older than the stop (a "
                   "checkpoint on SIGTERM needs the pods' terminationGracePeriodSeconds, " + std::to_string(g) +

@@ -287,6 +287,7 @@ TelemetryView Reconciler::telemetryView(const JobRef& job, api::Phase phase, con
   if (!snap || !snap->hasReports) return v;
   v.present = true;
   v.progress = progressOf(snap->progress);
+  v.lowestStep = static_cast<long>(snap->lowestStep);
   for (const auto& s : snap->stragglers) {
     std::string pod = s.pod.empty() ? podName(job.meta.name, s.rank) : s.pod;
     std::string node = s.node;

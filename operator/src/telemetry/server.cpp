@@ -65,12 +65,18 @@ void TelemetryHub::resetJob(const std::string& ns, const std::string& job, int r
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find({ns, job});
   if (it == jobs_.end()) return;
+  // Reports the stopped gang's pods still send (one killed a moment later, or in flight)
+  // must not count as the new gang's: its first steps tell where it resumed.
+  std::set<std::string> stopped;
+  for (const auto& [rank, r] : it->second.state.ranks())
+    if (!r.last.podUid.empty()) stopped.insert(r.last.podUid);
   it->second.restartGeneration = restartGeneration;
   it->second.state.reset();
   it->second.pending.clear();
   it->second.pendingAll.clear();
   it->second.allDelivered.clear();
-  it->second.leftPods.clear();
+  it->second.leftPods = std::move(stopped);
+  it->second.lowestStep = 0;
 }
 
 void TelemetryHub::resetRank(const std::string& ns, const std::string& job, int rank) {
@@ -106,6 +112,7 @@ std::optional<TelemetryHub::Snapshot> TelemetryHub::snapshot(const std::string& 
     if (JobTelemetry::isStraggler(w, st.settings().threshold)) s.stragglers.push_back(w);
   s.lastReportUnix = st.lastReportTime();
   s.hasReports = st.hasReports();
+  s.lowestStep = it->second.lowestStep;
   for (const auto& [rank, rs] : st.ranks()) s.ranks[rank] = {rs.last.podUid, rs.last.step, rs.lastSeen, rs.last.replicas, rs.last.local};
   return s;
 }
@@ -238,6 +245,7 @@ grpc::Status TelemetryHub::accept(const pb::WorkerReport& r, std::vector<pb::Com
     rep.local.rounds = static_cast<int64_t>(r.local_phase().rounds());
     for (const auto& c : r.comm()) rep.comm.push_back({c.op(), c.group(), c.bytes(), c.wait_seconds()});
     job.state.add(rep, now);
+    if (!rep.heartbeat && rep.step > 0 && (job.lowestStep == 0 || rep.step < job.lowestStep)) job.lowestStep = rep.step;
     auto pend = job.pending.find(rep.rank);
     if (pend != job.pending.end()) {
       *commands = std::move(pend->second);

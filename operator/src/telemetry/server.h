@@ -58,6 +58,7 @@ class TelemetryHub {
     std::vector<WorkerScore> stragglers;
     double lastReportUnix = 0;
     bool hasReports = false;
+    int64_t lowestStep = 0;  // the lowest step reported since the job's last reset (0: none)
   };
   std::optional<Snapshot> snapshot(const std::string& ns, const std::string& job) const;
   bool hung(const std::string& ns, const std::string& job, double timeoutSeconds) const;
@@ -99,7 +100,8 @@ class TelemetryHub {
     std::map<int, std::vector<edit::v1alpha1::Command>> pending;  // rank -> commands
     std::vector<edit::v1alpha1::Command> pendingAll;
     std::map<int, size_t> allDelivered;  // rank -> how many of pendingAll it got
-    std::set<std::string> leftPods;      // uids of pods that left at a scale-down
+    std::set<std::string> leftPods;      // uids of pods that left at a scale-down, or of a stopped gang
+    int64_t lowestStep = 0;              // lowest step reported since the last reset: where a new gang resumed
   };
   using Key = std::pair<std::string, std::string>;
 

@@ -249,6 +249,14 @@ TEST(ClusterDay, AGangThatResumesBehindItsStopSaysSo) {
   EXPECT_EQ(stop.ranksToCreate.size(), 2u);
   EXPECT_EQ(js(stop.status)["stoppedAtStep"], 30);
   EXPECT_TRUE(stop.resetTelemetry);
+  // That reconcile still sees the stopped gang's telemetry: no verdict from it.
+  PlanInput stopSeen = input({}, st);
+  stopSeen.telemetry.present = true;
+  stopSeen.telemetry.lowestStep = 1;
+  stopSeen.telemetry.progress.step = 30;
+  const Plan stop2 = planReconcile(stopSeen);
+  EXPECT_EQ(js(stop2.status)["stoppedAtStep"], 30);
+  EXPECT_EQ(event(stop2, "ResumedFromOlderCheckpoint"), nullptr);
   // A gang restart keeps it too.
   PlanInput crash = input({{"runPolicy", {{"replicaRecovery", "GangRestart"}}}}, st);
   crash.pods = {pod(0, "Failed", 0, 1), pod(1, "Running")};
@@ -256,12 +264,14 @@ TEST(ClusterDay, AGangThatResumesBehindItsStopSaysSo) {
   EXPECT_TRUE(restart.gangRestarted);
   EXPECT_EQ(js(restart.status)["stoppedAtStep"], 30);
 
-  // The new gang's first report: step 9 (it resumed from the checkpoint of step 8).
+  // The new gang's first report was step 9 (it resumed from the checkpoint of step 8); the
+  // reconcile that sees it may come several steps later (progress 14).
   PlanInput resumed = input({}, js(stop.status));
   resumed.status["phase"] = "Running";
   resumed.pods = {pod(0, "Running"), pod(1, "Running")};
   resumed.telemetry.present = true;
-  resumed.telemetry.progress.step = 9;
+  resumed.telemetry.lowestStep = 9;
+  resumed.telemetry.progress.step = 14;
   const Plan r = planReconcile(resumed);
   const PlannedEvent* e = event(r, "ResumedFromOlderCheckpoint");
   ASSERT_NE(e, nullptr);
@@ -271,7 +281,8 @@ TEST(ClusterDay, AGangThatResumesBehindItsStopSaysSo) {
   EXPECT_FALSE(js(r.status).contains("stoppedAtStep"));
 
   // Resumed from the checkpoint written on SIGTERM: nothing to say.
-  resumed.telemetry.progress.step = 31;
+  resumed.telemetry.lowestStep = 31;
+  resumed.telemetry.progress.step = 33;
   EXPECT_EQ(event(planReconcile(resumed), "ResumedFromOlderCheckpoint"), nullptr);
 }
 
